@@ -1,0 +1,244 @@
+"""Planner configuration and priors (pydantic v2; importable without torch or vllm).
+
+``PlannerConfig`` selects and parameterises a gamma policy; ``PlannerPriors`` carries per
+(bucket, gamma) mean losses and pseudo-counts that can be injected at start and at run time
+(the operator pushes fleet-wide priors). Every invalid field raises a ``ValidationError`` whose
+message names the field.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+POLICIES = ("nightjar", "nosd", "static", "table", "dsd", "ucb", "oracle")
+PolicyName = Literal["nightjar", "nosd", "static", "table", "dsd", "ucb", "oracle"]
+
+
+def default_bucket_edges(max_batch: int) -> list[int]:
+    """Log-spaced lower edges 1,2,3,4,6,8,12,16,24,32,48,64,... up to ``max_batch``."""
+    edges = [1, 2, 3]
+    base = 4
+    while True:
+        for e in (base, base * 3 // 2):
+            if e > max_batch:
+                return [x for x in edges if x <= max_batch]
+            edges.append(e)
+        base *= 2
+
+
+def _check_edges(field: str, edges: list[int]) -> list[int]:
+    if not edges:
+        raise ValueError(f"{field}: must not be empty")
+    if edges[0] < 1:
+        raise ValueError(f"{field}: edges are batch sizes and must be >= 1 (got {edges[0]})")
+    for a, b in zip(edges, edges[1:], strict=False):
+        if b <= a:
+            raise ValueError(f"{field}: must be strictly ascending without duplicates (got {a} then {b})")
+    return edges
+
+
+def bucket_index(edges: list[int] | tuple[int, ...], batch_size: int) -> int:
+    """Index of the bucket whose lower edge is the largest edge <= batch_size (0 below the first)."""
+    return max(0, bisect.bisect_right(edges, batch_size) - 1)
+
+
+class PlannerConfig(BaseModel):
+    """Which gamma policy to run and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: PolicyName = "nightjar"
+    max_gamma: int = Field(4, description="K: the largest speculation length (arms are 0..K)")
+    arms: list[int] | None = Field(None, description="subset of 0..K; default all")
+    bucket_edges: list[int] | None = Field(
+        None, description="ascending lower edges of batch-size buckets; default log-spaced up to max_batch"
+    )
+    max_batch: int = 256
+    static_gamma: int | None = Field(None, description="gamma for policy 'static' (default K)")
+    gamma_table: dict[int, int] | None = Field(
+        None, description="batch size -> gamma (vLLM num_speculative_tokens_per_batch_size semantics)"
+    )
+    switch_cost_s: float | None = Field(None, description="override the measured C_switch (seconds)")
+    slo_tpot_s: float | None = Field(None, description="TPOT target (seconds/token) the arm must respect")
+    seed: int = 0
+
+    # Exploration knobs (Nightjar), all runtime-updatable.
+    explore_scale: float = Field(
+        1.0, description="a bin explores with probability min(1, explore_scale / sqrt(bin index))"
+    )
+    explore_floor: float = Field(0.0, description="lower bound on the per-bin exploration probability")
+    max_block_exp: int = Field(
+        12, description="blocks grow as 2^(b-1) steps up to 2^max_block_exp (keeps tracking under drift)"
+    )
+    prior_count: float = Field(1.0, description="pseudo-count of the optimistic/shared prior for unseen arms")
+    share_neighbours: bool = Field(True, description="pool evidence from neighbouring batch buckets")
+    monotone_prior: bool = Field(
+        True, description="prior: the best gamma does not grow with batch size (used to prune exploration)"
+    )
+    hysteresis: float = Field(
+        0.02, description="relative margin a challenger arm must beat the incumbent by before switching"
+    )
+    discount: float = Field(
+        0.999, description="per-observation decay of old evidence (1.0 = stationary)"
+    )
+    switch_amortise_steps: int = Field(
+        32, description="steps over which C_switch charged to a 0->k decision is amortised"
+    )
+    paper_mode: bool = Field(
+        False, description="ablation: the paper's per-bucket scheme only (no sharing, no pruning, no hysteresis)"
+    )
+
+    @field_validator("max_gamma")
+    @classmethod
+    def _k(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"max_gamma: K must be >= 0 (got {v})")
+        if v > 64:
+            raise ValueError(f"max_gamma: K must be <= 64 (got {v})")
+        return v
+
+    @field_validator("max_batch")
+    @classmethod
+    def _mb(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"max_batch: must be >= 1 (got {v})")
+        return v
+
+    @field_validator("bucket_edges")
+    @classmethod
+    def _edges(cls, v: list[int] | None) -> list[int] | None:
+        return None if v is None else _check_edges("bucket_edges", v)
+
+    @field_validator("switch_cost_s")
+    @classmethod
+    def _sw(cls, v: float | None) -> float | None:
+        if v is not None and v < 0:
+            raise ValueError(f"switch_cost_s: must be >= 0 (got {v})")
+        return v
+
+    @field_validator("slo_tpot_s")
+    @classmethod
+    def _slo(cls, v: float | None) -> float | None:
+        if v is not None and not v > 0:
+            raise ValueError(f"slo_tpot_s: must be > 0 (got {v})")
+        return v
+
+    @field_validator("explore_scale", "explore_floor", "prior_count", "hysteresis")
+    @classmethod
+    def _nonneg(cls, v: float, info) -> float:
+        if v < 0:
+            raise ValueError(f"{info.field_name}: must be >= 0 (got {v})")
+        return v
+
+    @field_validator("discount")
+    @classmethod
+    def _disc(cls, v: float) -> float:
+        if not 0.5 <= v <= 1.0:
+            raise ValueError(f"discount: must be in [0.5, 1.0] (got {v})")
+        return v
+
+    @field_validator("max_block_exp", "switch_amortise_steps")
+    @classmethod
+    def _pos(cls, v: int, info) -> int:
+        if v < 1:
+            raise ValueError(f"{info.field_name}: must be >= 1 (got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> PlannerConfig:
+        k = self.max_gamma
+        if self.arms is not None:
+            if not self.arms:
+                raise ValueError("arms: must not be empty (omit it to use all of 0..max_gamma)")
+            bad = [a for a in self.arms if a < 0 or a > k]
+            if bad:
+                raise ValueError(f"arms: values must lie in 0..max_gamma={k} (got {bad})")
+            if len(set(self.arms)) != len(self.arms):
+                raise ValueError(f"arms: duplicate values in {self.arms}")
+            self.arms = sorted(self.arms)
+        if self.bucket_edges is None:
+            self.bucket_edges = default_bucket_edges(self.max_batch)
+        if self.static_gamma is not None and not 0 <= self.static_gamma <= k:
+            raise ValueError(f"static_gamma: must lie in 0..max_gamma={k} (got {self.static_gamma})")
+        if self.gamma_table is not None:
+            if not self.gamma_table:
+                raise ValueError("gamma_table: must not be empty")
+            for bs, g in self.gamma_table.items():
+                if bs < 1:
+                    raise ValueError(f"gamma_table: batch-size keys must be >= 1 (got {bs})")
+                if not 0 <= g <= k:
+                    raise ValueError(f"gamma_table: gamma for batch {bs} must lie in 0..max_gamma={k} (got {g})")
+        if self.policy == "table" and self.gamma_table is None:
+            raise ValueError("gamma_table: required when policy is 'table'")
+        return self
+
+    def resolved_arms(self) -> tuple[int, ...]:
+        return tuple(self.arms) if self.arms is not None else tuple(range(self.max_gamma + 1))
+
+    def edges(self) -> tuple[int, ...]:
+        assert self.bucket_edges is not None
+        return tuple(self.bucket_edges)
+
+
+class PriorEntry(BaseModel):
+    """Prior belief about one (bucket, gamma): mean loss (s/token) worth ``count`` observations."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bucket_lo: int = Field(description="a bucket lower edge from PlannerPriors.bucket_edges")
+    gamma: int
+    mean_loss_s: float
+    count: float = 1.0
+
+    @field_validator("gamma")
+    @classmethod
+    def _g(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"gamma: must be >= 0 (got {v})")
+        return v
+
+    @field_validator("mean_loss_s")
+    @classmethod
+    def _m(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"mean_loss_s: must be > 0 (got {v})")
+        return v
+
+    @field_validator("count")
+    @classmethod
+    def _c(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError(f"count: must be >= 0 (got {v})")
+        return v
+
+
+class PlannerPriors(BaseModel):
+    """Per (bucket, gamma) priors; buckets given by their lower edges."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bucket_edges: list[int]
+    entries: list[PriorEntry] = Field(default_factory=list)
+
+    @field_validator("bucket_edges")
+    @classmethod
+    def _edges(cls, v: list[int]) -> list[int]:
+        return _check_edges("bucket_edges", v)
+
+    @model_validator(mode="after")
+    def _entries(self) -> PlannerPriors:
+        edges = set(self.bucket_edges)
+        seen: set[tuple[int, int]] = set()
+        for i, e in enumerate(self.entries):
+            if e.bucket_lo not in edges:
+                raise ValueError(
+                    f"entries[{i}].bucket_lo: {e.bucket_lo} is not one of bucket_edges {self.bucket_edges}"
+                )
+            key = (e.bucket_lo, e.gamma)
+            if key in seen:
+                raise ValueError(f"entries[{i}]: duplicate entry for bucket_lo={e.bucket_lo} gamma={e.gamma}")
+            seen.add(key)
+        return self

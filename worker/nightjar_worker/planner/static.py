@@ -1,0 +1,28 @@
+"""Baseline: a fixed speculation length k on every step (vLLM's num_speculative_tokens)."""
+
+from __future__ import annotations
+
+from nightjar_worker.planner.policy import StepFeedback
+
+
+class StaticPolicy:
+    """Always gamma = k."""
+
+    def __init__(self, gamma: int, arms: tuple[int, ...] | None = None) -> None:
+        if gamma < 0:
+            raise ValueError(f"static_gamma: must be >= 0 (got {gamma})")
+        self.gamma = gamma
+        self.name = f"static-{gamma}"
+        self._arms = arms if arms is not None else tuple(range(gamma + 1))
+        if gamma not in self._arms:
+            raise ValueError(f"static_gamma: {gamma} is not one of the arms {self._arms}")
+
+    @property
+    def arms(self) -> tuple[int, ...]:
+        return self._arms
+
+    def decide(self, batch_size: int) -> int:
+        return self.gamma
+
+    def observe(self, feedback: StepFeedback) -> None:
+        return None
