@@ -1,0 +1,83 @@
+"""Priors merging and SLO evaluation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from nightjar_operator.fleet.aggregate import FleetStats
+from nightjar_operator.fleet.priors import PriorsConfig, merge_priors, priors_equal
+from nightjar_operator.fleet.promtext import Histogram
+from nightjar_operator.fleet.slo import condition, evaluate_slo
+from nightjar_worker.planner.config import PlannerConfig, PlannerPriors
+from pydantic import ValidationError
+
+
+def test_merge_priors_bounds_pseudo_counts_and_maps_buckets():
+    edges = PlannerConfig().edges()
+    fleet = {
+        (1, 2): (0.010, 1000.0),  # lots of evidence -> capped
+        (8, 0): (0.020, 8.0),  # little -> weight * n
+        (8, 9): (0.020, 100.0),  # gamma outside arms -> dropped
+        (5, 1): (0.030, 10.0),  # 5 is not an edge: falls in bucket 4
+        (4, 1): (0.060, 30.0),  # merged with (5, 1) by count weight
+        (16, 3): (0.030, 1.0),  # below min_fleet_count
+    }
+    pri = merge_priors(fleet, edges, arms=range(5), config=PriorsConfig(weight=0.5, max_pseudo_count=16))
+    got = {(e.bucket_lo, e.gamma): (e.mean_loss_s, e.count) for e in pri.entries}
+    assert got[(1, 2)] == (0.010, 16.0)
+    assert got[(8, 0)] == (0.020, 4.0)
+    assert (8, 9) not in got and (16, 3) not in got
+    assert got[(4, 1)][0] == pytest.approx((0.03 * 10 + 0.06 * 30) / 40) and got[(4, 1)][1] == 16.0
+    assert pri.bucket_edges == list(edges)
+    # valid PlannerPriors (round-trips through its own validation)
+    PlannerPriors.model_validate(pri.model_dump())
+
+
+def test_priors_equal_ignores_noise():
+    edges = [1, 2, 4]
+    a = merge_priors({(1, 1): (0.01, 100.0)}, edges)
+    b = merge_priors({(1, 1): (0.01005, 101.0)}, edges)
+    c = merge_priors({(1, 1): (0.02, 100.0)}, edges)
+    assert priors_equal(a, b) and not priors_equal(a, c) and not priors_equal(a, None)
+
+
+def test_priors_config_names_field():
+    with pytest.raises(ValidationError, match="max_pseudo_count"):
+        PriorsConfig(max_pseudo_count=-1)
+
+
+def _stats(ttft_buckets, tpot_buckets=None):
+    st = FleetStats(pods=2)
+    st.ttft = Histogram.from_buckets(ttft_buckets)
+    st.tpot = Histogram.from_buckets(tpot_buckets) if tpot_buckets else None
+    return st
+
+
+def test_slo_met_and_missed_and_message():
+    good = _stats([(0.1, 97), (0.5, 100), (math.inf, 100)], [(0.02, 99), (0.05, 100), (math.inf, 100)])
+    ev = evaluate_slo(good, ttft_p95_ms=100, tpot_p95_ms=50)
+    assert ev.status == "True" and ev.reason == "TargetsMet"
+    assert ev.attainment == pytest.approx(0.97)
+    assert "ttft p95=" in ev.message and "attainment=0.970" in ev.message and "tpot p95=" in ev.message
+    bad = _stats([(0.1, 50), (0.5, 100), (math.inf, 100)])
+    ev2 = evaluate_slo(bad, ttft_p95_ms=100, tpot_p95_ms=None)
+    assert ev2.status == "False" and ev2.reason == "TargetsMissed" and ev2.attainment == pytest.approx(0.5)
+    assert ev2.ttft_p95_s == pytest.approx(0.1 + 0.4 * 45 / 50)
+
+
+def test_slo_unknown_without_traffic_or_targets():
+    empty = _stats([(0.1, 0), (math.inf, 0)])
+    assert evaluate_slo(empty, 100, None).reason == "NoTraffic"
+    assert evaluate_slo(empty, None, None).reason == "NoTargets"
+    assert evaluate_slo(FleetStats(), None, 30).status == "Unknown"
+    with pytest.raises(ValueError, match="objective"):
+        evaluate_slo(empty, 100, None, objective=0)
+
+
+def test_condition_keeps_transition_time():
+    ev = evaluate_slo(_stats([(0.1, 100), (math.inf, 100)]), 100, None)
+    c1 = condition(ev, 3, "2024-01-01T00:00:00Z")
+    c2 = condition(ev, 4, "2024-01-01T00:01:00Z", previous=c1)
+    assert c2["lastTransitionTime"] == "2024-01-01T00:00:00Z" and c2["observedGeneration"] == 4
+    assert c2["type"] == "SLOMet" and c2["status"] == "True"
