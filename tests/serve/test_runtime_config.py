@@ -1,0 +1,158 @@
+"""Runtime config: validation, the file watcher (valid update applied, malformed rejected), apply."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from nightjar_worker.planner import PlannerConfig, build_policy
+from nightjar_worker.runtime_config import (
+    RuntimeConfigError,
+    RuntimeConfigWatcher,
+    WorkerRuntimeConfig,
+    apply_to_policy,
+    check_live_update,
+    parse_runtime_config,
+    parse_runtime_config_text,
+    read_status,
+    write_config_atomically,
+)
+from prometheus_client import REGISTRY
+
+
+def _failures() -> float:
+    return REGISTRY.get_sample_value("nightjar_config_reload_failures_total") or 0.0
+
+
+def _reloads() -> float:
+    return REGISTRY.get_sample_value("nightjar_config_reloads_total") or 0.0
+
+
+PRIORS = {
+    "bucket_edges": [1, 4, 16],
+    "entries": [
+        {"bucket_lo": 1, "gamma": 0, "mean_loss_s": 0.030, "count": 5},
+        {"bucket_lo": 1, "gamma": 3, "mean_loss_s": 0.012, "count": 5},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "doc, field",
+    [
+        ({"planner": {"max_gamma": -1}}, "planner.max_gamma"),
+        ({"planner": {"policy": "magic"}}, "planner.policy"),
+        ({"slo": {"tpot_p95_ms": 0}}, "slo.tpot_p95_ms"),
+        ({"slo": {"tpot_ms": 30}}, "slo.tpot_ms"),
+        ({"priors": {"bucket_edges": [1, 4], "entries": [{"bucket_lo": 2, "gamma": 1, "mean_loss_s": 0.1}]}},
+         "priors"),
+        ({"planer": {}}, "planer"),
+    ],
+)
+def test_invalid_documents_name_the_field(doc, field):
+    with pytest.raises(RuntimeConfigError) as e:
+        parse_runtime_config(doc)
+    assert field in str(e.value)
+
+
+def test_yaml_and_json_parse_to_the_same_model():
+    doc = {"planner": {"max_gamma": 3}, "slo": {"tpot_p95_ms": 50}, "priors": PRIORS}
+    a = parse_runtime_config_text(json.dumps(doc))
+    import yaml
+
+    b = parse_runtime_config_text(yaml.safe_dump(doc))
+    assert a == b and a.tpot_target_s() == 0.05
+    with pytest.raises(RuntimeConfigError, match="YAML"):
+        parse_runtime_config_text("planner: [unclosed")
+
+
+def test_live_update_refuses_engine_shaping_fields():
+    old = WorkerRuntimeConfig()
+    check_live_update(old, WorkerRuntimeConfig(slo={"tpot_p95_ms": 40}))  # fine
+    with pytest.raises(RuntimeConfigError, match="planner.max_gamma"):
+        check_live_update(old, WorkerRuntimeConfig(planner=PlannerConfig(max_gamma=2)))
+
+
+def test_apply_sets_slo_and_knobs_on_a_real_policy():
+    policy = build_policy(PlannerConfig())
+    new = WorkerRuntimeConfig(slo={"tpot_p95_ms": 40}, priors=PRIORS)
+    applied = apply_to_policy(policy, None, new)
+    assert any("slo" in a for a in applied)
+    assert any("priors" in a for a in applied)
+
+
+def test_watcher_applies_valid_and_rejects_malformed(tmp_path, caplog):
+    path = tmp_path / "nightjar.yaml"
+    state = tmp_path / "state"
+    write_config_atomically(path, WorkerRuntimeConfig())
+    seen: list[WorkerRuntimeConfig] = []
+    w = RuntimeConfigWatcher(path, lambda new, old: seen.append(new), interval_s=0.05, state_dir=str(state))
+    w.load_initial()
+    assert len(seen) == 1 and read_status(str(state))["applied_digest"] == WorkerRuntimeConfig().digest()
+    assert not w.check()  # unchanged file: nothing applied
+
+    # valid update -> applied, reload counted, status file updated
+    r0 = _reloads()
+    good = WorkerRuntimeConfig(slo={"tpot_p95_ms": 25}, planner=PlannerConfig(explore_scale=0.5))
+    write_config_atomically(path, good)
+    assert w.check()
+    assert w.current == good and seen[-1] == good and _reloads() == r0 + 1
+    assert read_status(str(state))["applied_digest"] == good.digest()
+
+    # malformed update -> rejected, old config kept, failure metric + clear log naming the field
+    f0 = _failures()
+    path.write_text("planner:\n  max_gamma: -3\n")
+    with caplog.at_level(logging.ERROR, logger="nightjar.runtime_config"):
+        assert not w.check()
+    assert w.current == good and len(seen) == 2
+    assert _failures() == f0 + 1
+    assert "planner.max_gamma" in caplog.text and "keeping the previous" in caplog.text
+    assert "planner.max_gamma" in read_status(str(state))["last_error"]
+    assert not w.check()  # reported once, not on every poll
+
+    # a change needing a restart is rejected the same way
+    write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(max_gamma=2)))
+    assert not w.check() and w.current == good and _failures() == f0 + 2
+
+    # an on_update failure also keeps the old config
+    def boom(new, old):
+        raise ValueError("priors: policy refused them")
+
+    w.on_update = boom
+    write_config_atomically(path, WorkerRuntimeConfig(slo={"tpot_p95_ms": 99}))
+    assert not w.check() and w.current == good and _failures() == f0 + 3
+
+
+def test_watcher_thread_picks_up_changes(tmp_path):
+    import time
+
+    path = tmp_path / "c.yaml"
+    write_config_atomically(path, WorkerRuntimeConfig())
+    seen = []
+    w = RuntimeConfigWatcher(path, lambda new, old: seen.append(new), interval_s=0.05, state_dir="")
+    w.load_initial()
+    w.start()
+    try:
+        write_config_atomically(path, WorkerRuntimeConfig(slo={"ttft_p95_ms": 500}))
+        deadline = time.monotonic() + 5
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        w.stop()
+    assert len(seen) == 2 and seen[-1].slo.ttft_p95_ms == 500
+
+
+def test_initial_malformed_file_fails_start(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("slo: {tpot_p95_ms: -1}\n")
+    w = RuntimeConfigWatcher(path, lambda new, old: None, state_dir="")
+    with pytest.raises(RuntimeConfigError, match="slo.tpot_p95_ms"):
+        w.load_initial()
+
+
+def test_applied_priors_show_in_the_policy_snapshot():
+    policy = build_policy(PlannerConfig())
+    apply_to_policy(policy, None, WorkerRuntimeConfig(priors=PRIORS))
+    snap = {(e.bucket_lo, e.gamma): e.mean_loss_s for e in policy.snapshot().entries}
+    assert snap[(1, 3)] == pytest.approx(0.012) and snap[(1, 0)] == pytest.approx(0.030)

@@ -1,0 +1,222 @@
+"""Every ``nightjar_*`` Prometheus metric of the worker, defined in one place.
+
+Where they are recorded vs. where they are served: the gamma policy, the scheduler and the draft
+memory manager run in vLLM's *EngineCore* process, while ``/metrics`` is served by the *API server*
+process. vLLM 0.32 builds its ``/metrics`` registry with ``get_prometheus_registry()``
+(``vllm/v1/metrics/prometheus.py``): when ``PROMETHEUS_MULTIPROC_DIR`` is set it serves a fresh
+``CollectorRegistry`` with a ``multiprocess.MultiProcessCollector`` that reads the mmap'd value files
+*every* process wrote into that directory; otherwise only the API server's in-memory registry. So
+``nightjar-worker serve`` creates a fresh, private directory and sets ``PROMETHEUS_MULTIPROC_DIR``
+before vLLM (and ``prometheus_client``) is imported; the EngineCore inherits the variable and
+our metrics, recorded there, appear on the API server's ``/metrics`` next to vLLM's ``vllm:*``.
+(Alternatives rejected: a side HTTP port in the EngineCore means a second scrape target per pod;
+piggy-backing on ``SchedulerStats`` needs a custom stat logger the API server cannot be given.)
+
+Gauges therefore carry a ``multiprocess_mode``: ``mostrecent`` (the value last set by any process).
+Without ``PROMETHEUS_MULTIPROC_DIR`` (e.g. the offline ``LLM`` class in tests) the same objects live
+in the default in-process registry.
+
+Recording is through ``WorkerMetrics`` (plain methods, no vLLM types) so the engine code stays free of
+Prometheus details. Names/labels are the fixed interface in ``notes/interfaces.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ENV_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
+
+GAMMA_BUCKETS = tuple(float(g) for g in range(0, 17))  # le=0 counts gamma 0, le=1 gamma<=1, ...
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512)
+SWITCH_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+DECISION_BUCKETS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01)
+MOVE_BUCKETS = (1e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 60.0)
+
+DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading")  # value of nightjar_draft_state
+
+_MP = "mostrecent"
+
+# --- planner / executor ----------------------------------------------------------------------------
+gamma_chosen = Histogram("nightjar_gamma_chosen", "Speculation length chosen per decoding step", buckets=GAMMA_BUCKETS)
+gamma_current = Gauge("nightjar_gamma_current", "Speculation length of the latest step", multiprocess_mode=_MP)
+steps_total = Counter("nightjar_steps_total", "Decoding steps run, by chosen gamma", ["gamma"])
+switches_total = Counter(
+    "nightjar_switches_total", "Speculation switched on (0 -> k) or off (k -> 0)", ["direction"]
+)
+switch_cost_seconds = Histogram(
+    "nightjar_switch_cost_seconds", "Measured C_switch: draft KV catch-up time on resume", buckets=SWITCH_BUCKETS
+)
+acceptance_rate = Gauge(
+    "nightjar_acceptance_rate", "Recent per-token draft acceptance rate, by gamma", ["gamma"], multiprocess_mode=_MP
+)
+draft_tokens_total = Counter("nightjar_draft_tokens_total", "Draft tokens verified, by gamma", ["gamma"])
+accepted_tokens_total = Counter("nightjar_accepted_tokens_total", "Draft tokens accepted, by gamma", ["gamma"])
+planner_loss_seconds = Gauge(
+    "nightjar_planner_loss_seconds",
+    "Planner's mean loss estimate (seconds per generated token) per (batch bucket lower edge, gamma)",
+    ["bucket", "gamma"],
+    multiprocess_mode=_MP,
+)
+planner_count = Gauge(
+    "nightjar_planner_count", "Planner's (discounted) observation count per (bucket, gamma)", ["bucket", "gamma"],
+    multiprocess_mode=_MP,
+)
+batch_size = Histogram("nightjar_batch_size", "Requests in the decoding batch per step", buckets=BATCH_BUCKETS)
+planner_decision_seconds = Histogram(
+    "nightjar_planner_decision_seconds", "Wall time of one policy decide() call", buckets=DECISION_BUCKETS
+)
+config_reloads_total = Counter("nightjar_config_reloads_total", "Runtime config updates applied")
+config_reload_failures_total = Counter(
+    "nightjar_config_reload_failures_total", "Runtime config updates rejected (old config kept)"
+)
+# Extensions (compatible additions): what the applied config says, for dashboards and tests.
+slo_tpot_target_seconds = Gauge(
+    "nightjar_slo_tpot_target_seconds", "TPOT target in force (0 = none)", multiprocess_mode=_MP
+)
+slo_ttft_target_seconds = Gauge(
+    "nightjar_slo_ttft_target_seconds", "TTFT p95 target in force (0 = none)", multiprocess_mode=_MP
+)
+config_last_reload_timestamp_seconds = Gauge(
+    "nightjar_config_last_reload_timestamp_seconds", "Unix time the runtime config was last applied",
+    multiprocess_mode=_MP,
+)
+
+# --- elastic draft memory ----------------------------------------------------------------------------
+draft_state = Gauge(
+    "nightjar_draft_state", "Draft weights state: 0 resident, 1 offloading, 2 offloaded, 3 reloading",
+    multiprocess_mode=_MP,
+)
+draft_state_info = Gauge(
+    "nightjar_draft_state_info", "1 for the draft's current state, 0 for the others", ["state"], multiprocess_mode=_MP
+)
+draft_transitions_total = Counter(
+    "nightjar_draft_transitions_total", "Draft state transitions", ["from", "to"]
+)
+draft_offload_seconds = Histogram("nightjar_draft_offload_seconds", "Time to offload the draft", buckets=MOVE_BUCKETS)
+draft_reload_seconds = Histogram("nightjar_draft_reload_seconds", "Time to reload the draft", buckets=MOVE_BUCKETS)
+draft_reload_failures_total = Counter("nightjar_draft_reload_failures_total", "Failed draft reloads")
+kv_blocks_total = Gauge("nightjar_kv_blocks_total", "KV cache blocks available to the target", multiprocess_mode=_MP)
+kv_blocks_extra = Gauge(
+    "nightjar_kv_blocks_extra", "KV blocks gained from the offloaded draft's bytes", multiprocess_mode=_MP
+)
+
+
+class WorkerMetrics:
+    """Recording façade used by the scheduler, the config watcher and the memory manager.
+
+    Step contract: call ``observe_decision`` around ``policy.decide`` and ``observe_step`` once per
+    finished step; ``observe_switch`` when gamma crosses 0; ``set_planner_snapshot`` now and then
+    (it is a full overwrite of the per (bucket, gamma) gauges).
+    """
+
+    def __init__(self, acceptance_decay: float = 0.98) -> None:
+        self._decay = acceptance_decay
+        self._acc: dict[int, list[float]] = {}  # gamma -> [decayed accepted, decayed drafted]
+        self._last_gamma: int | None = None
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def observe_decision(self, seconds: float) -> None:
+        planner_decision_seconds.observe(seconds)
+
+    def observe_step(self, gamma: int, batch: int, num_draft_tokens: int = 0, num_accepted_tokens: int = 0) -> None:
+        g = str(gamma)
+        gamma_chosen.observe(gamma)
+        gamma_current.set(gamma)
+        steps_total.labels(gamma=g).inc()
+        batch_size.observe(batch)
+        if num_draft_tokens > 0:
+            draft_tokens_total.labels(gamma=g).inc(num_draft_tokens)
+            accepted_tokens_total.labels(gamma=g).inc(num_accepted_tokens)
+            s = self._acc.setdefault(gamma, [0.0, 0.0])
+            s[0] = s[0] * self._decay + num_accepted_tokens
+            s[1] = s[1] * self._decay + num_draft_tokens
+            acceptance_rate.labels(gamma=g).set(s[0] / s[1])
+        prev = self._last_gamma
+        if prev is not None and (prev == 0) != (gamma == 0):
+            switches_total.labels(direction="on" if gamma > 0 else "off").inc()
+        self._last_gamma = gamma
+
+    def observe_switch_cost(self, seconds: float) -> None:
+        switch_cost_seconds.observe(seconds)
+
+    def set_planner_snapshot(self, snapshot: Any) -> None:
+        """Accepts the policy's ``snapshot()``: a mapping ``{(bucket_lo, gamma): (mean_loss_s, count)}``,
+        an iterable of ``(bucket_lo, gamma, mean_loss_s, count)`` tuples or of objects/dicts with
+        ``bucket_lo, gamma, mean_loss_s, count``, or a ``PlannerPriors``-like object with ``entries``."""
+        for b, g, loss, count in _iter_snapshot(snapshot):
+            if loss is not None:
+                planner_loss_seconds.labels(bucket=str(b), gamma=str(g)).set(loss)
+            planner_count.labels(bucket=str(b), gamma=str(g)).set(count)
+
+    # -- runtime config ------------------------------------------------------------------------------
+    def config_applied(self, cfg: Any) -> None:
+        import time
+
+        config_reloads_total.inc()
+        config_last_reload_timestamp_seconds.set(time.time())
+        tpot = cfg.tpot_target_s()
+        slo_tpot_target_seconds.set(tpot or 0.0)
+        ttft = cfg.slo.ttft_p95_ms / 1000.0 if cfg.slo is not None and cfg.slo.ttft_p95_ms else 0.0
+        slo_ttft_target_seconds.set(ttft)
+
+    def config_reload_failed(self) -> None:
+        config_reload_failures_total.inc()
+
+    # -- draft memory --------------------------------------------------------------------------------
+    def draft_state_changed(self, old: str | None, new: str) -> None:
+        if new not in DRAFT_STATES:
+            raise ValueError(f"draft state: {new!r} is not one of {DRAFT_STATES}")
+        draft_state.set(DRAFT_STATES.index(new))
+        for s in DRAFT_STATES:
+            draft_state_info.labels(state=s).set(1 if s == new else 0)
+        if old is not None and old != new:
+            draft_transitions_total.labels(**{"from": old, "to": new}).inc()
+
+    def observe_offload(self, seconds: float) -> None:
+        draft_offload_seconds.observe(seconds)
+
+    def observe_reload(self, seconds: float | None, ok: bool = True) -> None:
+        if ok and seconds is not None:
+            draft_reload_seconds.observe(seconds)
+        if not ok:
+            draft_reload_failures_total.inc()
+
+    def set_kv_blocks(self, total: int, extra: int = 0) -> None:
+        kv_blocks_total.set(total)
+        kv_blocks_extra.set(extra)
+
+
+def _iter_snapshot(snapshot: Any) -> Iterable[tuple[int, int, float | None, float]]:
+    if snapshot is None:
+        return
+    if hasattr(snapshot, "entries"):
+        snapshot = snapshot.entries
+    if isinstance(snapshot, Mapping):
+        for (b, g), v in snapshot.items():
+            if isinstance(v, Mapping):
+                yield b, g, v.get("mean_loss_s"), v.get("count", 0.0)
+            else:
+                loss, count = v
+                yield b, g, loss, count
+        return
+    for e in snapshot:
+        if isinstance(e, tuple):
+            yield e[0], e[1], e[2], e[3]
+        elif isinstance(e, Mapping):
+            yield e["bucket_lo"], e["gamma"], e.get("mean_loss_s"), e.get("count", 0.0)
+        else:
+            yield e.bucket_lo, e.gamma, getattr(e, "mean_loss_s", None), getattr(e, "count", 0.0)
+
+
+_worker_metrics: WorkerMetrics | None = None
+
+
+def worker_metrics() -> WorkerMetrics:
+    """The process-wide recorder (one per process: EngineCore and API server each get theirs)."""
+    global _worker_metrics
+    if _worker_metrics is None:
+        _worker_metrics = WorkerMetrics()
+    return _worker_metrics

