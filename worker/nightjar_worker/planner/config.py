@@ -73,7 +73,6 @@ class PlannerConfig(BaseModel):
     max_block_exp: int = Field(
         12, description="blocks grow as 2^(b-1) steps up to 2^max_block_exp (keeps tracking under drift)"
     )
-    prior_count: float = Field(1.0, description="pseudo-count of the optimistic/shared prior for unseen arms")
     share_neighbours: bool = Field(True, description="pool evidence from neighbouring batch buckets")
     monotone_prior: bool = Field(
         True, description="prior: the best gamma does not grow with batch size (used to prune exploration)"
@@ -86,6 +85,13 @@ class PlannerConfig(BaseModel):
     )
     switch_amortise_steps: int = Field(
         32, description="steps over which C_switch charged to a 0->k decision is amortised"
+    )
+    eliminate: bool = Field(
+        True, description="explore only arms whose confidence interval overlaps the best arm's"
+    )
+    confidence_z: float = Field(2.0, description="width of those confidence intervals in standard errors")
+    share_weight: float = Field(
+        2.0, description="pseudo-count of evidence transferred from each neighbouring bucket"
     )
     paper_mode: bool = Field(
         False, description="ablation: the paper's per-bucket scheme only (no sharing, no pruning, no hysteresis)"
@@ -126,7 +132,9 @@ class PlannerConfig(BaseModel):
             raise ValueError(f"slo_tpot_s: must be > 0 (got {v})")
         return v
 
-    @field_validator("explore_scale", "explore_floor", "prior_count", "hysteresis")
+    @field_validator(
+        "explore_scale", "explore_floor", "hysteresis", "confidence_z", "share_weight"
+    )
     @classmethod
     def _nonneg(cls, v: float, info) -> float:
         if v < 0:

@@ -1,0 +1,367 @@
+"""Nightjar's planner: a contextual bandit choosing gamma per decoding step.
+
+Context = batch-size bucket; arms = gamma values; loss = step latency per generated token.
+
+Exploration follows the paper's hierarchical scheme, per bucket: the steps that fall in a bucket
+form blocks of 2^(b-1) steps, each split into bins of about sqrt(block length) steps; a bin is an
+exploration bin with probability min(1, explore_scale / sqrt(bin index)); the arm is held fixed for
+the whole bin (no thrashing); an exploitation bin plays the arm with the best smoothed mean.
+
+Switching cost: resuming speculation (gamma 0 -> k) makes the engine rebuild the draft's KV cache
+(C_switch, reported in ``StepFeedback.switch_cost_s``). It is charged to the decision that changes
+speculation on/off, amortised over ``switch_amortise_steps`` steps of the new arm.
+
+Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns all of them off):
+  * ``share_neighbours``: an arm seldom tried in one bucket borrows evidence from the neighbouring
+    buckets, rescaled by the loss ratio of an arm both have tried (per-token loss scales with batch);
+  * ``eliminate``: exploration bins only play arms whose confidence interval still overlaps the
+    best arm's (successive elimination inside the paper's schedule), least-tried first;
+  * ``monotone_prior``: the best gamma does not grow with batch size, so exploration in a bucket is
+    confined between the best arms of established neighbours on either side;
+  * ``hysteresis``: a challenger must beat the arm in use by a relative margin;
+  * C_switch is learnt separately from the arms' step losses (the paper folds it into the loss of
+    the switching step, which makes that arm look bad in whichever bucket happened to switch).
+
+Evidence is discounted per observation (``discount``) so the planner tracks drifting acceptance.
+
+Step contract: see ``policy.py``. ``decide`` is O(1) on the common path (inside a bin).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from nightjar_worker.planner.config import PlannerConfig, PlannerPriors, PriorEntry, bucket_index
+from nightjar_worker.planner.policy import StepFeedback
+
+_DEFAULT_CV = 0.3  # relative noise assumed before a bucket has its own estimate
+_ESTABLISHED = 32.0  # effective observations before a bucket's best arm constrains its neighbours
+
+
+@dataclass
+class NightjarStats:
+    """Plain counters for metrics."""
+
+    decisions: int = 0
+    bins: int = 0
+    explore_bins: int = 0
+    switches_on: int = 0
+    switches_off: int = 0
+    switch_cost_s_ema: float = 0.0
+
+
+class NightjarPolicy:
+    """Contextual bandit over batch-size buckets. See the module docstring."""
+
+    name = "nightjar"
+
+    def __init__(self, config: PlannerConfig) -> None:
+        self.config = config
+        self._arms = config.resolved_arms()
+        self._arm_idx = {g: i for i, g in enumerate(self._arms)}
+        self._edges = config.edges()
+        self._rng = random.Random(config.seed)
+        nb, na = len(self._edges), len(self._arms)
+        self._lut = [bucket_index(self._edges, max(b, 1)) for b in range(config.max_batch + 1)]
+        # Discounted sufficient statistics per bucket and arm, stored scaled by self._w[c] (each new
+        # observation enters with weight w, then w /= discount), so discounting is O(1).
+        self._w = [1.0] * nb
+        self._n = [[0.0] * na for _ in range(nb)]
+        self._s = [[0.0] * na for _ in range(nb)]
+        self._ss = [[0.0] * na for _ in range(nb)]
+        self._tok = [[0.0] * na for _ in range(nb)]
+        self._tpot = [[0.0] * na for _ in range(nb)]
+        self._pn = [[0.0] * na for _ in range(nb)]  # priors (same scaling)
+        self._ps = [[0.0] * na for _ in range(nb)]
+        # Hierarchical schedule per bucket.
+        self._block_exp = [0] * nb
+        self._block_left = [0] * nb
+        self._bin_size = [1] * nb
+        self._bin_left = [0] * nb
+        self._bin_idx = [0] * nb
+        self._arm = [0] * nb  # arm index held in the current bin
+        self._best = [-1] * nb  # cached exploit arm index (for the monotone prior)
+        self._last_gamma = 0
+        self._switch_ema: float | None = None
+        self.stats = NightjarStats()
+        self._apply_knobs(config)
+
+    # -- configuration ---------------------------------------------------------------------
+    def _apply_knobs(self, c: PlannerConfig) -> None:
+        paper = c.paper_mode
+        self._share = c.share_neighbours and not paper
+        self._elim = c.eliminate and not paper
+        self._mono = c.monotone_prior and not paper
+        self._hyst = 0.0 if paper else c.hysteresis
+        self._paper = paper
+        self._slo = c.slo_tpot_s
+        self._d = c.discount
+        self._max_exp = c.max_block_exp
+
+    def apply_config(self, config: PlannerConfig) -> None:
+        """Runtime update of the exploration knobs, SLO and switch-cost override (same arms/buckets)."""
+        if config.resolved_arms() != self._arms or config.edges() != self._edges:
+            raise ValueError("arms/bucket_edges: cannot change at run time; restart the planner")
+        self.config = config
+        self._apply_knobs(config)
+
+    def set_slo(self, tpot_s: float | None) -> None:
+        """TPOT target (seconds per output token per request) the chosen arm must meet when it can."""
+        if tpot_s is not None and not tpot_s > 0:
+            raise ValueError(f"slo_tpot_s: must be > 0 (got {tpot_s})")
+        self._slo = tpot_s
+        self._bin_left = [0] * len(self._edges)  # re-decide at the next step
+
+    def set_priors(self, priors: PlannerPriors) -> None:
+        """Replace the priors: each entry is worth ``count`` observations of ``mean_loss_s``."""
+        na = len(self._arms)
+        self._pn = [[0.0] * na for _ in self._edges]
+        self._ps = [[0.0] * na for _ in self._edges]
+        for e in priors.entries:
+            i = self._arm_idx.get(e.gamma)
+            if i is None:
+                continue
+            c = bucket_index(self._edges, e.bucket_lo)
+            w = self._w[c]
+            self._pn[c][i] += e.count * w
+            self._ps[c][i] += e.count * e.mean_loss_s * w
+        self._bin_left = [0] * len(self._edges)
+
+    @property
+    def arms(self) -> tuple[int, ...]:
+        return self._arms
+
+    # -- step contract -----------------------------------------------------------------------
+    def decide(self, batch_size: int) -> int:
+        lut = self._lut
+        c = lut[batch_size] if 0 <= batch_size < len(lut) else lut[-1]
+        left = self._bin_left[c]
+        if left > 0:
+            self._bin_left[c] = left - 1
+            a = self._arm[c]
+        else:
+            a = self._new_bin(c)
+        g = self._arms[a]
+        st = self.stats
+        st.decisions += 1
+        if (g > 0) != (self._last_gamma > 0):
+            if g > 0:
+                st.switches_on += 1
+            else:
+                st.switches_off += 1
+        self._last_gamma = g
+        return g
+
+    def observe(self, feedback: StepFeedback) -> None:
+        fb = feedback
+        if fb.switch_cost_s > 0:
+            e = self._switch_ema
+            self._switch_ema = fb.switch_cost_s if e is None else 0.8 * e + 0.2 * fb.switch_cost_s
+            self.stats.switch_cost_s_ema = self._switch_ema
+        i = self._arm_idx.get(fb.gamma)
+        if i is None:
+            return
+        lut = self._lut
+        b = fb.batch_size
+        c = lut[b] if 0 <= b < len(lut) else lut[-1]
+        tokens = max(1, fb.tokens_emitted)
+        t = fb.step_time_s + fb.switch_cost_s if self._paper else fb.step_time_s
+        loss = t / tokens
+        w = self._w[c]
+        self._n[c][i] += w
+        self._s[c][i] += w * loss
+        self._ss[c][i] += w * loss * loss
+        self._tok[c][i] += w * tokens
+        self._tpot[c][i] += w * t * max(1, b) / tokens
+        if self._d < 1.0:
+            w /= self._d
+            if w > 1e150:
+                self._rescale(c, w)
+                w = 1.0
+            self._w[c] = w
+
+    # -- internals -----------------------------------------------------------------------------
+    def _rescale(self, c: int, w: float) -> None:
+        for arr in (self._n, self._s, self._ss, self._tok, self._tpot, self._pn, self._ps):
+            row = arr[c]
+            for i in range(len(row)):
+                row[i] /= w
+
+    def _estimates(self, c: int) -> tuple[list[float | None], list[float]]:
+        """Smoothed mean loss and effective count per arm (priors and neighbour evidence included)."""
+        na = len(self._arms)
+        n, s, pn, ps = self._n[c], self._s[c], self._pn[c], self._ps[c]
+        tn = [n[i] + pn[i] for i in range(na)]
+        ts = [s[i] + ps[i] for i in range(na)]
+        if self._share:
+            for d in (c - 1, c + 1):
+                if 0 <= d < len(self._edges):
+                    self._borrow(c, d, tn, ts)
+        means: list[float | None] = [ts[i] / tn[i] if tn[i] > 1e-12 else None for i in range(na)]
+        inv = 1.0 / self._w[c]
+        return means, [x * inv for x in tn]
+
+    def _borrow(self, c: int, d: int, tn: list[float], ts: list[float]) -> None:
+        """Add neighbour d's evidence to bucket c, rescaled via a reference arm both have tried."""
+        nc, sc, nd, sd = self._n[c], self._s[c], self._n[d], self._s[d]
+        inv_c, inv_d = 1.0 / self._w[c], 1.0 / self._w[d]
+        ref, ref_n = -1, 0.0
+        for i in range(len(nc)):
+            m = min(nc[i] * inv_c, nd[i] * inv_d)
+            if m > ref_n:
+                ref, ref_n = i, m
+        if ref < 0 or ref_n < 1.0:
+            return
+        ratio = (sc[ref] / nc[ref]) / (sd[ref] / nd[ref])
+        wc = self._w[c]
+        cap = self.config.share_weight
+        for i in range(len(nc)):
+            if i == ref or nd[i] <= 0:
+                continue
+            k = min(cap, nd[i] * inv_d) * wc  # pseudo-count in bucket c's scaling
+            tn[i] += k
+            ts[i] += k * ratio * sd[i] / nd[i]
+
+    def _cv(self, c: int) -> float:
+        n, s, ss = self._n[c], self._s[c], self._ss[c]
+        num = den = 0.0
+        for i in range(len(n)):
+            if n[i] * (1.0 / self._w[c]) >= 2.0:
+                m = s[i] / n[i]
+                var = max(ss[i] / n[i] - m * m, 0.0)
+                num += n[i] * var / (m * m)
+                den += n[i]
+        return math.sqrt(num / den) if den > 0 else _DEFAULT_CV
+
+    def _switch_penalty(self, c: int, i: int, counts: list[float]) -> float:
+        """C_switch amortised per token, if playing arm i flips speculation on/off from now."""
+        if (self._arms[i] > 0) == (self._last_gamma > 0):
+            return 0.0
+        cost = self.config.switch_cost_s if self.config.switch_cost_s is not None else self._switch_ema
+        if not cost:
+            return 0.0
+        n = self._n[c][i]
+        per_step = self._tok[c][i] / n if n > 0 else float(self._edges[c])
+        return cost / (self.config.switch_amortise_steps * max(per_step, 1.0))
+
+    def _feasible(self, c: int) -> list[int]:
+        """Arms meeting the TPOT SLO (unknown ones count as feasible); all arms without an SLO."""
+        idx = list(range(len(self._arms)))
+        if self._slo is None:
+            return idx
+        n, tp = self._n[c], self._tpot[c]
+        known = [(tp[i] / n[i], i) for i in idx if n[i] > 0]
+        ok = [i for i in idx if n[i] <= 0 or tp[i] / n[i] <= self._slo]
+        if ok:
+            return ok
+        return [min(known)[1]]  # none meets it: the lowest TPOT
+
+    def _new_bin(self, c: int) -> int:
+        # Advance the hierarchical schedule: blocks of 2^(b-1) steps, bins of ~sqrt(block) steps.
+        if self._block_left[c] <= 0:
+            b = min(self._block_exp[c] + 1, self._max_exp + 1)
+            self._block_exp[c] = b
+            length = 1 << (b - 1)
+            self._block_left[c] = length
+            self._bin_size[c] = max(1, round(math.sqrt(length)))
+        size = min(self._bin_size[c], self._block_left[c])
+        self._block_left[c] -= size
+        self._bin_idx[c] += 1
+        self._bin_left[c] = size - 1
+        st = self.stats
+        st.bins += 1
+
+        means, counts = self._estimates(c)
+        cand = self._feasible(c)
+        eff = [
+            (means[i] + self._switch_penalty(c, i, counts)) if means[i] is not None else None
+            for i in range(len(self._arms))
+        ]
+        known = [i for i in cand if eff[i] is not None]
+        best = -1
+        if known:
+            best = min(known, key=lambda i: eff[i])
+            cur = self._arm_idx.get(self._last_gamma)
+            if self._hyst > 0 and cur is not None and cur in known and cur != best:
+                if eff[best] > eff[cur] * (1.0 - self._hyst):
+                    best = cur
+            self._best[c] = best
+
+        cfg = self.config
+        p = max(cfg.explore_floor, cfg.explore_scale / math.sqrt(self._bin_idx[c]))
+        explore = best < 0 or self._rng.random() < p
+        choice = best
+        if explore:
+            pool = self._explore_pool(c, cand, means, counts, eff, best)
+            if pool:
+                if self._paper:
+                    choice = self._rng.choice(pool)
+                else:
+                    lo = min(counts[i] for i in pool)
+                    least = [i for i in pool if counts[i] <= lo + 0.5]
+                    choice = least[0] if len(least) == 1 else self._rng.choice(least)
+                if choice != best:
+                    st.explore_bins += 1
+        if choice < 0:
+            choice = self._rng.choice(cand)
+        self._arm[c] = choice
+        return choice
+
+    def _explore_pool(
+        self,
+        c: int,
+        cand: list[int],
+        means: list[float | None],
+        counts: list[float],
+        eff: list[float | None],
+        best: int,
+    ) -> list[int]:
+        pool = list(cand)
+        if self._mono and self._slo is None:
+            hi = self._neighbour_best(c, -1)  # best gamma of a smaller-batch bucket: upper bound
+            lo = self._neighbour_best(c, +1)  # best gamma of a larger-batch bucket: lower bound
+            pruned = [
+                i for i in pool
+                if (hi is None or self._arms[i] <= hi) and (lo is None or self._arms[i] >= lo)
+            ]
+            if pruned:
+                pool = pruned
+        if self._elim and best >= 0:
+            z = self.config.confidence_z * self._cv(c)
+            b_ucb = eff[best] * (1.0 + z / math.sqrt(max(counts[best], 1e-9)))
+            pool = [
+                i for i in pool
+                if eff[i] is None or eff[i] * (1.0 - z / math.sqrt(max(counts[i], 1e-9))) <= b_ucb
+            ]
+            if pool == [best]:
+                return []
+        return pool
+
+    def _neighbour_best(self, c: int, step: int) -> int | None:
+        d = c + step
+        while 0 <= d < len(self._edges):
+            tot = sum(self._n[d]) / self._w[d]
+            if tot >= _ESTABLISHED and self._best[d] >= 0:
+                return self._arms[self._best[d]]
+            d += step
+        return None
+
+    # -- introspection ---------------------------------------------------------------------------
+    def snapshot(self) -> PlannerPriors:
+        """Own evidence (priors included, neighbours not) per (bucket_lo, gamma): mean loss and count.
+
+        The result is a valid ``PlannerPriors``, so a fleet can average snapshots and push them back.
+        """
+        entries = []
+        for c, lo in enumerate(self._edges):
+            inv = 1.0 / self._w[c]
+            for i, g in enumerate(self._arms):
+                n = self._n[c][i] + self._pn[c][i]
+                if n <= 0:
+                    continue
+                m = (self._s[c][i] + self._ps[c][i]) / n
+                if m > 0:
+                    entries.append(PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=m, count=n * inv))
+        return PlannerPriors(bucket_edges=list(self._edges), entries=entries)

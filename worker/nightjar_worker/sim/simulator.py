@@ -1,0 +1,306 @@
+"""Step-level serving simulator: continuous batching with speculative decoding under a KV budget.
+
+Each iteration is one engine step, driven through the same contract as the real engine
+(``policy.decide(batch_size)`` -> run -> ``policy.observe(StepFeedback)``):
+
+  * arrivals (pre-generated, identical for every policy under one seed) join a FIFO queue;
+  * queued requests are admitted while the batch has room (``max_batch``) and the KV pool has the
+    blocks for their context; their prefill is merged into the step (chunked-prefill style) and
+    produces their first token; they decode from the next step on;
+  * the decoding requests each need KV blocks for ``context + gamma + 1`` tokens; when the pool runs
+    out, the most recently admitted request is preempted (blocks freed, recomputed on re-admission,
+    vLLM's default);
+  * step time is ``T(batch, gamma)`` from the profile with small multiplicative noise, plus the
+    incremental cost of the merged prefill tokens;
+  * each request accepts a geometric number of drafts (draft i accepted with probability alpha of its
+    category, given drafts < i were) and emits accepted + 1 tokens, capped by its remaining length;
+  * while gamma == 0 the draft sees none of the new tokens; when speculation resumes, the draft
+    must catch up on them: C_switch = fixed + per_token * lag, reported in ``switch_cost_s``.
+
+The draft's weights occupy ``profile.draft_blocks()`` KV blocks while resident (``kv_blocks_total``
+already excludes them); a policy that never speculates runs with the draft offloaded and gets them.
+Pure Python; one run of a few thousand requests takes well under a second.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from nightjar_worker.planner.policy import GammaPolicy, StepFeedback
+from nightjar_worker.sim.profile import CostProfile
+from nightjar_worker.sim.workload import Request
+
+
+@dataclass
+class SimResult:
+    policy: str
+    completed: int
+    output_tokens: int
+    makespan_s: float
+    busy_s: float
+    steps: int
+    mean_token_latency_s: float  # mean over requests of (finish - arrival) / output tokens
+    mean_tpot_s: float  # mean over requests of (finish - first token) / (output tokens - 1)
+    switches_on: int
+    switch_time_s: float
+    preemptions: int
+    max_blocks_used: int
+    kv_budget_blocks: int
+    gamma_steps: dict[int, int] = field(default_factory=dict)
+    step_log: list[tuple[int, int]] | None = None  # (batch, gamma) per step when recorded
+
+    @property
+    def throughput_tok_s(self) -> float:
+        return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+
+
+class Simulator:
+    """One profile, one request list; ``run(policy)`` simulates it to completion."""
+
+    def __init__(
+        self,
+        profile: CostProfile,
+        requests: list[Request],
+        *,
+        max_batch: int | None = None,
+        noise_cv: float = 0.03,
+        seed: int = 0,
+        kv_blocks: int | None = None,
+        record_steps: bool = False,
+        max_steps: int = 10_000_000,
+    ) -> None:
+        self.profile = profile
+        self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        self.max_batch = max_batch or profile.max_batch
+        self.noise_cv = noise_cv
+        self.seed = seed
+        self.kv_blocks = kv_blocks if kv_blocks is not None else profile.kv_blocks_total
+        self.record_steps = record_steps
+        self.max_steps = max_steps
+        base = profile.step_time(1, 0)
+        self._prefill_cache: dict[int, float] = {}
+        self._base = base
+
+    def _prefill_time(self, tokens: int, draft_on: bool) -> float:
+        """Incremental cost of merging ``tokens`` prefill tokens into a step."""
+        if tokens <= 0:
+            return 0.0
+        t = self._prefill_cache.get(tokens)
+        if t is None:
+            t = max(self.profile.step_time(tokens, 0) - self._base, 0.0)
+            self._prefill_cache[tokens] = t
+        if draft_on:
+            t += self.profile.switch_cost_per_token_s * tokens
+        return t
+
+    def run(self, policy: GammaPolicy) -> SimResult:
+        prof = self.profile
+        bt = prof.block_tokens
+        rng = random.Random(self.seed * 7919 + 1)
+        speculates = any(g > 0 for g in policy.arms)
+        budget = self.kv_blocks + (0 if speculates else prof.draft_blocks())
+        reqs = self.requests
+        n_req = len(reqs)
+        if n_req == 0:
+            raise ValueError("requests: empty request list")
+        for r in reqs:
+            if -(-(r.prompt_tokens + r.output_tokens + 1) // bt) > budget:
+                raise ValueError(
+                    f"requests: request {r.rid} needs more KV blocks than the budget of {budget}"
+                )
+        ln_alpha = {}
+        for r in reqs:
+            a = prof.alpha(r.category)
+            ln_alpha[r.rid] = math.log(a) if 0 < a < 1 else (0.0 if a >= 1 else -math.inf)
+
+        # Per-request mutable state: [rid, remaining, ctx, blocks, lag, ln_alpha, first_token_t]
+        waiting: list[list] = []  # FIFO of states (preempted ones re-enter at the front)
+        running: list[list] = []
+        prefilling: list[list] = []
+        finish: dict[int, tuple[float, float]] = {}
+        t = 0.0
+        busy = 0.0
+        i_arr = 0
+        free = budget
+        max_used = 0
+        steps = 0
+        last_g = 0
+        switches_on = 0
+        switch_time = 0.0
+        preemptions = 0
+        out_tokens = 0
+        gsteps: dict[int, int] = {}
+        log: list[tuple[int, int]] | None = [] if self.record_steps else None
+        cv = self.noise_cv
+        first_arrival = reqs[0].arrival_s
+
+        while len(finish) < n_req:
+            while i_arr < n_req and reqs[i_arr].arrival_s <= t:
+                r = reqs[i_arr]
+                waiting.append([r.rid, r.output_tokens, r.prompt_tokens, 0, 0, ln_alpha[r.rid], -1.0])
+                i_arr += 1
+            if not running and not waiting:
+                t = reqs[i_arr].arrival_s
+                continue
+            steps += 1
+            if steps > self.max_steps:
+                raise RuntimeError("max_steps: simulation did not finish (policy stuck?)")
+
+            # Admission (FIFO) into free batch slots and KV blocks; prefill merged into this step.
+            prefill_tokens = 0
+            while waiting and len(running) + len(prefilling) < self.max_batch:
+                st = waiting[0]
+                need = -(-(st[2] + 1) // bt)
+                if need > free:
+                    break
+                waiting.pop(0)
+                free -= need
+                st[3] = need
+                prefill_tokens += st[2]
+                prefilling.append(st)
+
+            b = len(running)
+            g = policy.decide(b) if b > 0 else 0
+
+            # Blocks for context + gamma + 1 per decoding request; preempt the newest when short.
+            if b > 0:
+                need_total = 0
+                for st in running:
+                    extra = -(-(st[2] + g + 1) // bt) - st[3]
+                    if extra > 0:
+                        need_total += extra
+                while need_total > free and running:
+                    victim = running.pop()
+                    free += victim[3]
+                    extra = -(-(victim[2] + g + 1) // bt) - victim[3]
+                    if extra > 0:
+                        need_total -= extra
+                    victim[3] = 0
+                    victim[4] = 0
+                    waiting.insert(0, victim)
+                    preemptions += 1
+                for st in running:
+                    nb = -(-(st[2] + g + 1) // bt)
+                    if nb > st[3]:
+                        free -= nb - st[3]
+                        st[3] = nb
+                b = len(running)
+                if b == 0:
+                    g = 0
+            used = budget - free
+            if used > max_used:
+                max_used = used
+
+            # Switching cost when speculation resumes: the draft catches up on what it missed.
+            sw = 0.0
+            if g > 0 and last_g == 0 and steps > 1:
+                lag = sum(st[4] for st in running)
+                sw = prof.switch_cost(lag)
+                for st in running:
+                    st[4] = 0
+                switches_on += 1
+                switch_time += sw
+
+            draft_on = g > 0 if b > 0 else last_g > 0
+            step_t = 0.0
+            if b > 0:
+                noise = 1.0 + cv * rng.gauss(0.0, 1.0) if cv > 0 else 1.0
+                step_t = prof.step_time(b, g) * min(max(noise, 0.5), 1.5)
+            step_t += self._prefill_time(prefill_tokens, draft_on)
+
+            # Tokens: geometric acceptance per request.
+            emitted = 0
+            accepted_total = 0
+            done: list[list] = []
+            rand = rng.random
+            for st in running:
+                if g > 0:
+                    la = st[5]
+                    if la == 0.0:
+                        acc = g
+                    elif la == -math.inf:
+                        acc = 0
+                    else:
+                        u = rand()
+                        acc = g if u <= 0.0 else min(g, int(math.log(u) / la))
+                    accepted_total += acc
+                    e = acc + 1
+                else:
+                    e = 1
+                if e > st[1]:
+                    e = st[1]
+                st[1] -= e
+                st[2] += e
+                if g == 0:
+                    st[4] += e
+                emitted += e
+                if st[1] <= 0:
+                    done.append(st)
+            t_end = t + step_t + sw
+            for st in prefilling:
+                # prefill emits the first token; the draft misses the prompt while it is off
+                st[1] -= 1
+                st[2] += 1
+                if not draft_on:
+                    st[4] += st[2]
+                if st[6] < 0:
+                    st[6] = t_end
+                emitted += 1
+                if st[1] <= 0:
+                    done.append(st)
+                else:
+                    running.append(st)
+            prefilling = []
+            out_tokens += emitted
+            busy += step_t + sw
+            t = t_end
+
+            if b > 0:
+                policy.observe(
+                    StepFeedback(
+                        batch_size=b,
+                        gamma=g,
+                        step_time_s=step_t,
+                        tokens_emitted=emitted,
+                        num_draft_tokens=b * g,
+                        num_accepted_tokens=accepted_total,
+                        switch_cost_s=sw,
+                    )
+                )
+                gsteps[g] = gsteps.get(g, 0) + 1
+                if log is not None:
+                    log.append((b, g))
+                last_g = g
+            if done:
+                ids = {id(st) for st in done}
+                running = [st for st in running if id(st) not in ids]
+                for st in done:
+                    free += st[3]
+                    finish[st[0]] = (t, st[6])
+
+        lat = []
+        tpot = []
+        for r in reqs:
+            f, first = finish[r.rid]
+            lat.append((f - r.arrival_s) / r.output_tokens)
+            if r.output_tokens > 1:
+                tpot.append((f - first) / (r.output_tokens - 1))
+        return SimResult(
+            policy=getattr(policy, "name", type(policy).__name__),
+            completed=len(finish),
+            output_tokens=out_tokens,
+            makespan_s=t - first_arrival,
+            busy_s=busy,
+            steps=steps,
+            mean_token_latency_s=sum(lat) / len(lat),
+            mean_tpot_s=sum(tpot) / len(tpot) if tpot else 0.0,
+            switches_on=switches_on,
+            switch_time_s=switch_time,
+            preemptions=preemptions,
+            max_blocks_used=max_used,
+            kv_budget_blocks=budget,
+            gamma_steps=gsteps,
+            step_log=log,
+        )
