@@ -1,0 +1,63 @@
+"""``nightjar-operator``: run the operator, or print the CRD.
+
+    nightjar-operator run [-n NAMESPACE ...] [--metrics-port 8080] [--liveness http://0.0.0.0:8081/healthz]
+    nightjar-operator crd [-o FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    import nightjar_operator.main  # noqa: F401 - registers the handlers
+
+    if args.metrics_port is not None:
+        os.environ["NIGHTJAR_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kopf.configure(verbose=args.verbose)
+    kopf.run(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
+def _crd(args: argparse.Namespace) -> int:
+    from nightjar_operator.crd.schema import crd_yaml
+
+    text = crd_yaml()
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nightjar-operator", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the kopf operator (all namespaces unless -n is given)")
+    run.add_argument("-n", "--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
+    run.add_argument("--metrics-port", type=int, default=int(os.environ.get("NIGHTJAR_OPERATOR_METRICS_PORT", "8080")),
+                     help="serve Prometheus metrics on this port (0: off)")
+    run.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    run.add_argument("-v", "--verbose", action="store_true")
+    run.set_defaults(func=_run)
+    crd = sub.add_parser("crd", help="print the NightjarDeployment CRD (YAML) generated from the models")
+    crd.add_argument("-o", "--output", help="write to this file instead of stdout")
+    crd.set_defaults(func=_crd)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

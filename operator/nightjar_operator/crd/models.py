@@ -1,0 +1,254 @@
+"""NightjarDeployment spec and status: the pydantic models are the source of truth.
+
+The CRD's ``openAPIV3Schema`` is generated from these models (``crd/schema.py``), so everything the
+apiserver can check structurally (types, enums, ranges, patterns, required fields, one-of) lives
+here as field constraints. Cross-field rules the apiserver cannot express on Kubernetes 1.20 (no
+CEL) live in ``reconcile/validate.py`` and surface as ``Ready=False, reason=InvalidSpec``.
+
+Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+# Kubernetes resource.Quantity (the regexp apimachinery publishes for it).
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+URI_PATTERN = r"^[a-z][a-z0-9+.-]*://\S+$"
+ABS_PATH_PATTERN = r"^/\S*$"
+REL_PATH_PATTERN = r"^[^/\s]\S*$|^$"
+CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+MAX_SCHEMA_GAMMA = 64  # structural bound; what a worker supports is checked semantically
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", use_attribute_docstrings=True
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The object as it appears in the Kubernetes API (camelCase, no unset optionals)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _quantity(v: int | float | str | None, field: str) -> int | float | str | None:
+    if isinstance(v, str) and not re.match(QUANTITY_PATTERN, v):
+        raise ValueError(f"{field}: {v!r} is not a Kubernetes quantity (e.g. 500m, 2, 16Gi)")
+    return v
+
+
+def quantity_field(**kw: Any) -> Any:
+    """A Kubernetes quantity: ``x-kubernetes-int-or-string`` with the quantity pattern in the schema."""
+    return Field(None, json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- spec
+class PvcSource(_Model):
+    """Model files on a PersistentVolumeClaim (mounted read-only into the worker)."""
+
+    claim_name: str = Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    """Name of the PVC in the NightjarDeployment's namespace."""
+    path: str = Field("", max_length=1024, pattern=REL_PATH_PATTERN)
+    """Directory inside the volume (relative; empty for the volume root)."""
+
+
+class ModelSource(_Model):
+    """Where the model comes from: exactly one of pvc, uri or imagePath."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["pvc"]}, {"required": ["uri"]}, {"required": ["imagePath"]}]})
+
+    pvc: PvcSource | None = None
+    """A directory on a PersistentVolumeClaim."""
+    uri: str | None = Field(None, max_length=2048, pattern=URI_PATTERN)
+    """A URI the worker loads itself (hf://org/repo is passed to vLLM as a Hub repo id)."""
+    image_path: str | None = Field(None, max_length=1024, pattern=ABS_PATH_PATTERN)
+    """An absolute path baked into the worker image."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        given = [k for k in ("pvc", "uri", "imagePath") if getattr(self, to_snake(k)) is not None]
+        if len(given) != 1:
+            raise ValueError(f"exactly one of pvc, uri, imagePath must be set (got {given or 'none'})")
+        return self
+
+    def location(self) -> tuple[str, str]:
+        """A comparable identity of the files (kind, where)."""
+        if self.pvc is not None:
+            return ("pvc", f"{self.pvc.claim_name}/{self.pvc.path.strip('/')}")
+        if self.uri is not None:
+            return ("uri", self.uri.rstrip("/"))
+        return ("image", (self.image_path or "").rstrip("/"))
+
+
+def to_snake(camel: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
+
+
+class ModelRef(_Model):
+    """One model of the pair."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Display name (shown by kubectl get njd and in metrics), e.g. Qwen2.5-7B-Instruct."""
+    source: ModelSource
+    revision: str | None = Field(None, max_length=256, pattern=r"^\S+$")
+    """Revision (git commit, tag or branch) for URI sources; recorded on the pods for the others."""
+
+
+class OffloadSpec(_Model):
+    """Elastic draft memory: offload the draft's weights under load and give the bytes to the KV cache."""
+
+    policy: Literal["Auto", "Never"] = "Auto"
+    """Auto: the worker offloads and reloads the draft by itself; Never: the draft stays resident."""
+    kv_usage_high: float | None = Field(None, ge=0, le=1)
+    """KV-cache usage share counted as memory pressure (worker default 0.90)."""
+    kv_usage_low: float | None = Field(None, ge=0, le=1)
+    """Reload the draft only when used blocks fit in this share of the base pool (worker default 0.70)."""
+
+
+class SpeculationSpec(_Model):
+    """How the planner speculates."""
+
+    policy: Literal["nightjar", "nosd", "static", "ucb"] = "nightjar"
+    """Gamma policy: nightjar (the contextual bandit) or a baseline (nosd: never speculate; static: always
+    staticGamma; ucb: a context-free bandit)."""
+    max_gamma: int = Field(4, ge=0, le=MAX_SCHEMA_GAMMA)
+    """K, the largest speculation length; the planner's arms are gamma in 0..K."""
+    arms: list[Annotated[int, Field(ge=0, le=MAX_SCHEMA_GAMMA)]] | None = Field(
+        None, min_length=1, max_length=MAX_SCHEMA_GAMMA + 1
+    )
+    """Subset of 0..maxGamma the planner may choose (default: all)."""
+    static_gamma: int | None = Field(None, ge=0, le=MAX_SCHEMA_GAMMA)
+    """Gamma for policy static (default maxGamma)."""
+    ngram: bool = False
+    """Also offer an n-gram (prompt lookup) arm that needs no draft model."""
+    switching_cost_ms: float | None = Field(None, ge=0)
+    """Override the measured switching cost C_switch (milliseconds)."""
+    offload: OffloadSpec = Field(default_factory=OffloadSpec, json_schema_extra={"default": {}})
+
+
+class SloSpec(_Model):
+    """Latency objectives; the planner respects tpotP95Ms, the fleet loop reports attainment (SLOMet)."""
+
+    ttft_p95_ms: int | None = Field(None, ge=1, le=3_600_000)
+    """Time to first token, p95, milliseconds."""
+    tpot_p95_ms: int | None = Field(None, ge=1, le=600_000)
+    """Time per output token, p95, milliseconds."""
+    attainment: float = Field(0.99, ge=0, le=1)
+    """Objective: fraction of requests that must meet the targets (0..1)."""
+
+
+class ResourceList(_Model):
+    cpu: int | str | None = quantity_field()
+    memory: int | str | None = quantity_field()
+    ephemeral_storage: int | str | None = quantity_field(alias="ephemeral-storage")
+
+    @field_validator("cpu", "memory", "ephemeral_storage")
+    @classmethod
+    def _q(cls, v: Any, info) -> Any:
+        return _quantity(v, info.field_name)
+
+    def k8s(self) -> dict[str, str]:
+        out = {}
+        for key in ("cpu", "memory", "ephemeral-storage"):
+            v = self.model_dump(by_alias=True).get(key)
+            if v is not None:
+                out[key] = str(v)
+        return out
+
+
+class ResourcesSpec(_Model):
+    """Worker container resources."""
+
+    gpus: int = Field(0, ge=0, le=16)
+    """nvidia.com/gpu per worker pod (request = limit); 0 runs on CPU."""
+    requests: ResourceList | None = None
+    limits: ResourceList | None = None
+
+
+class RolloutSpec(_Model):
+    """How a change of the model pair is rolled out (used by the fleet/rollout loop)."""
+
+    steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [10, 50, 100], min_length=1, max_length=20, json_schema_extra={"default": [10, 50, 100]}
+    )
+    """Candidate traffic share per step, percent, ascending, each 1..100."""
+    analysis_window_seconds: int = Field(300, ge=10, le=86_400)
+    """How long each step is observed before promoting or rolling back."""
+
+
+class NightjarDeploymentSpec(_Model):
+    """Desired state of a pool of Nightjar workers serving one target/draft model pair."""
+
+    target: ModelRef
+    """The model that is served (verifies the draft's proposals)."""
+    draft: ModelRef
+    """The small draft model that proposes tokens."""
+    speculation: SpeculationSpec = Field(default_factory=SpeculationSpec, json_schema_extra={"default": {}})
+    slo: SloSpec = Field(default_factory=SloSpec, json_schema_extra={"default": {}})
+    replicas: int = Field(1, ge=0, le=1000)
+    """Number of worker pods (scale subresource: kubectl scale njd, HPA)."""
+    image: str = Field("ghcr.io/nightjar-dev/nightjar-worker:0.1.0", min_length=1, max_length=1024, pattern=r"^\S+$")
+    """Worker container image."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}})
+    vllm_args: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=list, max_length=100
+    )
+    """Extra arguments appended to the vLLM engine arguments (e.g. --max-model-len=4096)."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}})
+
+
+# -------------------------------------------------------------------------------------------- status
+class Condition(_Model):
+    """A Kubernetes-style condition (metav1.Condition)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str = Field(min_length=1, max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON)
+    message: str = Field("", max_length=32768)
+    observed_generation: int | None = Field(None, ge=0)
+    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
+
+
+class ModelPairStatus(_Model):
+    """A model pair as it runs in the cluster (reserved for the fleet/rollout loop as well)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+    target: str | None = None
+    draft: str | None = None
+    deployment: str | None = None
+    replicas: int | None = None
+    ready_replicas: int | None = None
+
+
+class NightjarDeploymentStatus(_Model):
+    """Observed state, computed from what the cluster shows."""
+
+    model_config = ConfigDict(extra="allow")
+
+    observed_generation: int | None = None
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    updated_replicas: int | None = None
+    selector: str | None = None
+    """Label selector of all worker pods (scale subresource, HPA)."""
+    target: str | None = None
+    """Target model currently served by the stable Deployment."""
+    draft: str | None = None
+    """Draft model currently served by the stable Deployment."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    stable: ModelPairStatus | None = None
+    candidate: ModelPairStatus | None = None

@@ -1,0 +1,109 @@
+"""Thin JSON-in/JSON-out access to the Kubernetes API (plain dicts, no generated models).
+
+The generated client's typed methods validate bodies against its own models; the reconcile works
+on plain dicts (the same shape as ``kubectl get -o json``), so requests go through the client's
+transport (auth, TLS, proxies from the kubeconfig / in-cluster config) with JSON bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from nightjar_operator import constants as c
+
+# kind -> (API prefix, plural)
+KINDS: dict[str, tuple[str, str]] = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Service": ("/api/v1", "services"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    c.KIND: (f"/apis/{c.GROUP}/{c.VERSION}", c.PLURAL),
+}
+
+
+def make_api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
+    """In-cluster config inside a pod, else the kubeconfig (``$KUBECONFIG`` or ~/.kube/config)."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        cfg = kubernetes.client.Configuration()
+        kubernetes.config.load_incluster_config(client_configuration=cfg)
+        return kubernetes.client.ApiClient(cfg)
+    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    return kubernetes.config.new_client_from_config(config_file=path)
+
+
+class Api:
+    def __init__(self, client: kubernetes.client.ApiClient, timeout_s: float = 30.0) -> None:
+        self.client = client
+        self.timeout_s = timeout_s
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        m, url, hdrs, data = self.client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.client.call_api(m, url, hdrs, data, _request_timeout=self.timeout_s)
+        raw = resp.read()
+        if not 200 <= resp.status < 300:
+            raise ApiException(status=resp.status, reason=resp.reason, body=raw.decode("utf-8", "replace"))
+        return json.loads(raw) if raw else {}
+
+    @staticmethod
+    def path(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+        prefix, plural = KINDS[kind]
+        p = f"{prefix}/namespaces/{namespace}/{plural}"
+        if name:
+            p += f"/{name}"
+        if sub:
+            p += f"/{sub}"
+        return p
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", self.path(kind, namespace, name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return self.request("POST", self.path(obj["kind"], meta["namespace"]), obj)
+
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return self.request("PUT", self.path(obj["kind"], meta["namespace"], meta["name"]), obj)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None) -> dict[str, Any]:
+        """Merge-patch the CR's status subresource; with ``resource_version`` it fails (409) on a race."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self.request(
+            "PATCH", self.path(c.KIND, namespace, name, "status"), body, content_type="application/merge-patch+json"
+        )
+
+
+def api_error_reason(e: ApiException) -> str:
+    """A short reason for metrics/logs: the apiserver's Status.reason or the HTTP status."""
+    try:
+        return json.loads(e.body or "{}").get("reason") or str(e.status)
+    except ValueError:
+        return str(e.status)

@@ -1,0 +1,202 @@
+"""The reconcile: read spec and children, write only what differs, then status. All I/O lives here.
+
+Level-based: every trigger (create/update/resume, the resync timer, an event on a child
+Deployment) runs the same full comparison of desired vs live, so a missed event, a restart in the
+middle, or someone editing a child all converge to the same state, and a second run writes
+nothing. Children have fixed names derived from the owner, so a crashed run can never leave a
+duplicate: the next run finds and adopts (or updates) what the previous one created.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from nightjar_operator import constants as c
+from nightjar_operator.handlers.k8s import Api, api_error_reason
+from nightjar_operator.metrics import metrics
+from nightjar_operator.reconcile.children import Owner, desired_children
+from nightjar_operator.reconcile.config import live_priors
+from nightjar_operator.reconcile.diff import Action, differences, plan, update_body
+from nightjar_operator.reconcile.status import Observed, compute_status, get_condition, status_patch
+from nightjar_operator.reconcile.validate import parse_spec, semantic_errors
+
+log = logging.getLogger("nightjar.operator")
+
+# Test-only fault injection: pause right after writing this child kind, so a test can SIGKILL the
+# operator mid-reconcile at a known point. Never set in production manifests.
+FAULT_PAUSE_AFTER = "NIGHTJAR_OPERATOR_FAULT_PAUSE_AFTER"
+FAULT_PAUSE_SECONDS = "NIGHTJAR_OPERATOR_FAULT_PAUSE_SECONDS"
+
+# One reconcile per object at a time (kopf runs sync handlers on a thread pool; the timer, the
+# change handlers and child events may fire together).
+_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+_locks_guard = threading.Lock()
+
+
+def _lock(uid: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks[uid]
+
+
+def _event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    try:
+        kopf.event(body, type=type_, reason=reason, message=message[:1000])
+    except Exception:  # noqa: BLE001 - outside a kopf run (unit use) there is no event poster
+        log.debug("event not posted: %s %s", reason, message)
+
+
+def _maybe_pause(kind: str) -> None:
+    if os.environ.get(FAULT_PAUSE_AFTER) == kind:
+        seconds = float(os.environ.get(FAULT_PAUSE_SECONDS, "60"))
+        log.warning("fault injection: pausing %.0f s after writing the %s", seconds, kind)
+        time.sleep(seconds)
+
+
+def _summary(paths: list[str], limit: int = 4) -> str:
+    short = sorted({p.replace("spec.template.spec.containers[0].", "container.") for p in paths})
+    more = f" (+{len(short) - limit} more)" if len(short) > limit else ""
+    return ", ".join(short[:limit]) + more
+
+
+def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None, owner: Owner, body: dict[str, Any], observed: Observed) -> dict[str, Any] | None:
+    kind, name = desired["kind"], desired["metadata"]["name"]
+    action = plan(desired, live, owner.uid)
+    m = metrics()
+    if action is Action.NONE:
+        return live
+    if action is Action.CONFLICT:
+        observed.conflicts.append(f"{kind} {name} exists and is controlled by another owner")
+        return None
+    if action is Action.CREATE:
+        try:
+            created = api.create(desired)
+        except ApiException as e:
+            if e.status == 409:  # created concurrently (another trigger or a previous run): compare again
+                raise kopf.TemporaryError(f"{kind} {name} appeared while creating it; retrying", delay=1) from e
+            raise
+        m.child_writes.labels(kind, "create").inc()
+        _event(body, "Normal", "Created", f"Created {kind} {name}")
+        log.info("created %s %s/%s", kind, owner.namespace, name)
+        _maybe_pause(kind)
+        return created
+    assert live is not None
+    changed = differences(desired, live) or ["metadata.annotations"]
+    try:
+        updated = api.replace(update_body(desired, live))
+    except ApiException as e:
+        if e.status == 409:  # someone wrote in between (resourceVersion): re-read and compare again
+            raise kopf.TemporaryError(f"{kind} {name} changed while updating it; retrying", delay=1) from e
+        raise
+    m.child_writes.labels(kind, "update").inc()
+    _event(body, "Normal", "Updated", f"Updated {kind} {name}: {_summary(changed)}")
+    log.info("updated %s %s/%s: %s", kind, owner.namespace, name, _summary(changed))
+    _maybe_pause(kind)
+    return updated
+
+
+def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | None:
+    """Bring the children in line with the spec and write the status. Returns the new status."""
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return None  # being deleted: the garbage collector removes the children; never recreate them
+    owner = Owner.from_body(body)
+    m = metrics()
+    start = time.monotonic()
+    result = "error"
+    try:
+        with _lock(owner.uid):
+            spec, errors = parse_spec(body.get("spec"))
+            if spec is not None:
+                errors = semantic_errors(spec, owner.name)
+            live = {
+                "ConfigMap": api.get("ConfigMap", owner.namespace, c.config_map_name(owner.name)),
+                "Deployment": api.get("Deployment", owner.namespace, c.deployment_name(owner.name)),
+                "Service": api.get("Service", owner.namespace, c.service_name(owner.name)),
+            }
+            observed = Observed()
+            if errors:
+                observed.invalid = [str(e) for e in errors]
+                m.invalid_specs.inc()
+                result = "invalid"
+            else:
+                assert spec is not None
+                cm = live["ConfigMap"]
+                priors = live_priors(((cm or {}).get("data") or {}).get(c.CONFIG_KEY)) if cm else None
+                for desired in desired_children(owner, spec, priors):
+                    kind = desired["kind"]
+                    live[kind] = _apply_child(api, desired, live[kind], owner, body, observed)
+                result = "conflict" if observed.conflicts else "ok"
+            dep = live["Deployment"]
+            observed.deployment = dep if dep is not None and any(
+                r.get("uid") == owner.uid for r in dep["metadata"].get("ownerReferences") or []
+            ) else None
+            return write_status(api, body, observed)
+    except ApiException as e:
+        m.reconcile_errors.labels(api_error_reason(e)).inc()
+        raise
+    except kopf.TemporaryError:
+        m.reconcile_errors.labels("Conflict").inc()
+        raise
+    finally:
+        m.reconciles.labels(trigger, result).inc()
+        m.reconcile_seconds.observe(time.monotonic() - start)
+
+
+def write_status(api: Api, body: dict[str, Any], observed: Observed) -> dict[str, Any] | None:
+    """Compute the status against the freshest CR and patch it only if something changed."""
+    meta = body["metadata"]
+    m = metrics()
+    for attempt in range(3):
+        fresh = api.get(c.KIND, meta["namespace"], meta["name"])
+        if fresh is None or fresh["metadata"]["uid"] != meta["uid"]:
+            return None
+        basis = {"metadata": body["metadata"], "spec": body.get("spec"), "status": fresh.get("status")}
+        new = compute_status(basis, observed)
+        old = fresh.get("status") or {}
+        old_ready = get_condition(old.get("conditions"), c.COND_READY) or {}
+        new_ready = get_condition(new["conditions"], c.COND_READY) or {}
+        patch = status_patch(old, new)
+        _publish(meta, new, int((body.get("spec") or {}).get("replicas") or 0))
+        if patch is None:
+            return new
+        try:
+            api.patch_status(meta["namespace"], meta["name"], patch, fresh["metadata"]["resourceVersion"])
+        except ApiException as e:
+            if e.status == 409 and attempt < 2:
+                continue
+            raise
+        m.status_writes.inc()
+        if new_ready.get("reason") == "InvalidSpec" and (
+            old_ready.get("reason") != "InvalidSpec" or old_ready.get("message") != new_ready.get("message")
+        ):
+            _event(body, "Warning", "InvalidSpec", new_ready.get("message", ""))
+        elif new_ready.get("status") != old_ready.get("status") and new_ready.get("status") == "True":
+            _event(body, "Normal", "Ready", new_ready.get("message", ""))
+        return new
+    return None
+
+
+def _publish(meta: dict[str, Any], status: dict[str, Any], desired_replicas: int) -> None:
+    m = metrics()
+    ready = get_condition(status.get("conditions"), c.COND_READY) or {}
+    m.ready.labels(meta["namespace"], meta["name"]).set(1 if ready.get("status") == "True" else 0)
+    m.replicas.labels(meta["namespace"], meta["name"], "ready").set(status.get("readyReplicas") or 0)
+    m.replicas.labels(meta["namespace"], meta["name"], "desired").set(desired_replicas)
+
+
+def on_child_event(api: Api, child: dict[str, Any]) -> None:
+    """A child Deployment changed (status, scale, an edit): reconcile its owner."""
+    cmeta = child.get("metadata") or {}
+    for ref in cmeta.get("ownerReferences") or []:
+        if ref.get("kind") == c.KIND and ref.get("controller"):
+            owner = api.get(c.KIND, cmeta["namespace"], ref["name"])
+            if owner is not None and owner["metadata"]["uid"] == ref.get("uid"):
+                reconcile(api, owner, trigger="child")

@@ -1,0 +1,42 @@
+"""Operator start-up: kopf settings and the shared API client (``memo.api``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from nightjar_operator import constants as c
+from nightjar_operator import metrics as metrics_mod
+from nightjar_operator.handlers.k8s import Api, make_api_client
+
+ENV_METRICS_PORT = "NIGHTJAR_OPERATOR_METRICS_PORT"
+
+
+def configure(settings: kopf.OperatorSettings, memo: Any, logger: logging.Logger) -> None:
+    # Progress and the diff base live in annotations under our group, not in status.kopf: the
+    # structural schema would prune an unknown status field, and status belongs to the reconcile.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=c.GROUP, key="last-handled-configuration"
+    )
+    # No finalizers from us (children are garbage-collected via ownerReferences).
+    settings.persistence.finalizer = f"{c.GROUP}/operator"
+    # Events: only the explicit ones the reconcile posts (Created/Updated/InvalidSpec/Ready).
+    settings.posting.enabled = True
+    settings.posting.level = logging.INFO
+    settings.posting.reporting_component = c.OPERATOR_NAME
+    # One operator replica (the Deployment uses strategy Recreate): no peering objects to watch.
+    settings.peering.standalone = True
+    # Reconnect promptly if a watch goes silent; do not wait forever on a stuck request.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 10
+    memo.api = Api(make_api_client())
+    port = int(os.environ.get(ENV_METRICS_PORT, "0") or 0)
+    if port:
+        metrics_mod.serve(port)
+        logger.info("operator metrics on :%d/metrics", port)

@@ -1,0 +1,95 @@
+"""Operator Prometheus metrics (prefix ``nightjar_operator_``, base units, ``_total`` on counters).
+
+Served by ``nightjar-operator run`` on ``--metrics-port`` (default 8080, 0 = off).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_lock = threading.Lock()
+_metrics: OperatorMetrics | None = None
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.reconciles = Counter(
+            "nightjar_operator_reconciles_total",
+            "Reconciles of NightjarDeployments by trigger and result (ok|invalid|conflict|error)",
+            ["trigger", "result"],
+            registry=registry,
+        )
+        self.reconcile_errors = Counter(
+            "nightjar_operator_reconcile_errors_total",
+            "Reconciles that failed (API errors, conflicts), by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.reconcile_seconds = Histogram(
+            "nightjar_operator_reconcile_duration_seconds",
+            "Wall time of one reconcile",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+        self.child_writes = Counter(
+            "nightjar_operator_child_writes_total",
+            "Writes to child objects (an idempotent reconcile of an unchanged spec writes nothing)",
+            ["kind", "action"],
+            registry=registry,
+        )
+        self.status_writes = Counter(
+            "nightjar_operator_status_writes_total",
+            "Status patches of NightjarDeployments (only written when the status changed)",
+            registry=registry,
+        )
+        self.invalid_specs = Counter(
+            "nightjar_operator_invalid_specs_total",
+            "Reconciles that found a semantically invalid spec (Ready=False, reason=InvalidSpec)",
+            registry=registry,
+        )
+        self.ready = Gauge(
+            "nightjar_operator_deployment_ready",
+            "1 when the NightjarDeployment's Ready condition is True",
+            ["namespace", "name"],
+            registry=registry,
+        )
+        self.replicas = Gauge(
+            "nightjar_operator_deployment_replicas",
+            "Worker replicas of a NightjarDeployment by kind (desired|ready)",
+            ["namespace", "name", "kind"],
+            registry=registry,
+        )
+
+    def forget(self, namespace: str, name: str) -> None:
+        for labels in ((namespace, name),):
+            try:
+                self.ready.remove(*labels)
+            except KeyError:
+                pass
+        for kind in ("desired", "ready"):
+            try:
+                self.replicas.remove(namespace, name, kind)
+            except KeyError:
+                pass
+
+
+def metrics() -> OperatorMetrics:
+    """Process-wide metrics (created once: prometheus_client refuses duplicate registration)."""
+    global _metrics
+    with _lock:
+        if _metrics is None:
+            _metrics = OperatorMetrics()
+        return _metrics
+
+
+_server_started: set[int] = set()
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Expose /metrics once per port (the operator may restart its kopf loop in-process in tests)."""
+    if port <= 0 or port in _server_started:
+        return
+    start_http_server(port, addr=addr)
+    _server_started.add(port)

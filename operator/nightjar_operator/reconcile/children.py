@@ -1,0 +1,296 @@
+"""Desired child objects (Deployment, Service, ConfigMap) of one NightjarDeployment. Pure functions.
+
+Every child carries the owner reference (garbage collection on delete), the common labels, and
+``nightjar.dev/desired-hash``: the hash of what the operator means the object to be, so a spec
+change that only *removes* something (which a subset comparison cannot see) still triggers an
+update. Containers never run on the test cluster; these objects are what a real kubelet would get.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nightjar_operator import constants as c
+from nightjar_operator.crd.models import ModelRef, NightjarDeploymentSpec
+from nightjar_operator.reconcile.config import engine_hash, render_runtime_config, runtime_config_dict
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The NightjarDeployment the children belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: Any) -> Owner:
+        meta = body["metadata"]
+        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": c.API_VERSION,
+            "kind": c.KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def common_labels(name: str) -> dict[str, str]:
+    return {
+        c.LABEL_NAME: c.WORKER_APP,
+        c.LABEL_INSTANCE: name,
+        c.LABEL_COMPONENT: "worker",
+        c.LABEL_MANAGED_BY: c.OPERATOR_NAME,
+        c.LABEL_DEPLOYMENT: name,
+    }
+
+
+def service_selector(name: str) -> dict[str, str]:
+    """All worker pods of the NightjarDeployment (stable and, during a rollout, candidate)."""
+    return {c.LABEL_NAME: c.WORKER_APP, c.LABEL_DEPLOYMENT: name}
+
+
+def pod_selector(name: str, track: str = c.TRACK_STABLE) -> dict[str, str]:
+    """One Deployment's pods (its immutable selector)."""
+    return {**service_selector(name), c.LABEL_TRACK: track}
+
+
+def selector_string(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def stable_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
+
+
+def _with_hash(obj: dict[str, Any], basis: Any = None) -> dict[str, Any]:
+    """Stamp ``desired-hash`` computed over ``basis`` (default: the object itself)."""
+    h = stable_hash(obj if basis is None else basis)
+    obj["metadata"].setdefault("annotations", {})[c.ANN_DESIRED_HASH] = h
+    return obj
+
+
+def _meta(owner: Owner, name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": common_labels(owner.name),
+        "ownerReferences": [owner.reference()],
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+# ------------------------------------------------------------------------------------------ models
+def _claims(spec: NightjarDeploymentSpec) -> list[str]:
+    return sorted({m.source.pvc.claim_name for m in (spec.target, spec.draft) if m.source.pvc is not None})
+
+
+def model_path(model: ModelRef) -> str:
+    """What the worker gets as ``--model``/``--draft``."""
+    src = model.source
+    if src.pvc is not None:
+        sub = src.pvc.path.strip("/")
+        base = f"{c.MODELS_DIR}/{src.pvc.claim_name}"
+        return f"{base}/{sub}" if sub else base
+    if src.uri is not None:
+        # vLLM resolves Hub repo ids itself; other schemes are handed over unchanged.
+        return src.uri[len("hf://") :] if src.uri.startswith("hf://") else src.uri
+    assert src.image_path is not None
+    return src.image_path
+
+
+def _offload_env(spec: NightjarDeploymentSpec) -> str:
+    """JSON for the worker's ``OffloadPolicyConfig`` (only what the spec sets)."""
+    off = spec.speculation.offload
+    cfg: dict[str, Any] = {"enabled": off.policy == "Auto"}
+    if off.kv_usage_high is not None:
+        cfg["kv_usage_high"] = off.kv_usage_high
+    if off.kv_usage_low is not None:
+        cfg["kv_usage_low"] = off.kv_usage_low
+    return json.dumps(cfg, sort_keys=True)
+
+
+# ------------------------------------------------------------------------------------- deployment
+def worker_args(spec: NightjarDeploymentSpec) -> list[str]:
+    args = ["--model", model_path(spec.target), "--draft", model_path(spec.draft)]
+    # The worker binds loopback by default; in a pod the kubelet probes and the Service need all interfaces.
+    args += ["--config", c.CONFIG_PATH, "--host", "0.0.0.0", "--port", str(c.HTTP_PORT)]
+    if spec.target.source.uri is not None and spec.target.revision:
+        args += ["--revision", spec.target.revision]
+    return args + list(spec.vllm_args)
+
+
+def _env(spec: NightjarDeploymentSpec, name: str) -> list[dict[str, Any]]:
+    env = [
+        {"name": "NIGHTJAR_CONFIG", "value": c.CONFIG_PATH},
+        {"name": "NIGHTJAR_STATE_DIR", "value": "/tmp/nightjar"},
+        {"name": "NIGHTJAR_DEPLOYMENT", "value": name},
+        {"name": "NIGHTJAR_TARGET_NAME", "value": spec.target.name},
+        {"name": "NIGHTJAR_DRAFT_NAME", "value": spec.draft.name},
+        {"name": "NIGHTJAR_NGRAM", "value": "1" if spec.speculation.ngram else "0"},
+        {"name": "NIGHTJAR_OFFLOAD_CONFIG", "value": _offload_env(spec)},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HOME", "value": f"{c.CACHE_DIR}/hf"},
+        {"name": "VLLM_CACHE_ROOT", "value": f"{c.CACHE_DIR}/vllm"},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}},
+    ]
+    if spec.target.revision:
+        env.append({"name": "NIGHTJAR_TARGET_REVISION", "value": spec.target.revision})
+    if spec.draft.revision:
+        env.append({"name": "NIGHTJAR_DRAFT_REVISION", "value": spec.draft.revision})
+    return env
+
+
+def _resources(spec: NightjarDeploymentSpec) -> dict[str, Any]:
+    res = spec.resources
+    requests = res.requests.k8s() if res.requests else {}
+    limits = res.limits.k8s() if res.limits else {}
+    if res.gpus > 0:
+        # Extended resources: request must equal limit.
+        requests[c.GPU_RESOURCE] = str(res.gpus)
+        limits[c.GPU_RESOURCE] = str(res.gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _probe(period: int, failures: int, timeout: int = 1) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": "http", "scheme": "HTTP"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+    }
+
+
+def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, Any]:
+    name = owner.name
+    pod_labels = {**common_labels(name), c.LABEL_TRACK: c.TRACK_STABLE}
+    pair = {c.ANN_TARGET: spec.target.name, c.ANN_DRAFT: spec.draft.name}
+    claims = _claims(spec)
+    mounts = [
+        {"name": "config", "mountPath": c.CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "cache", "mountPath": c.CACHE_DIR},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ] + [{"name": f"model-{i}", "mountPath": f"{c.MODELS_DIR}/{claim}", "readOnly": True} for i, claim in enumerate(claims)]
+    volumes = [
+        # No subPath: kubelet then swaps the file in place when the ConfigMap changes (live reload).
+        {"name": "config", "configMap": {"name": c.config_map_name(name), "items": [{"key": c.CONFIG_KEY, "path": c.CONFIG_KEY}]}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+    ] + [
+        {"name": f"model-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        for i, claim in enumerate(claims)
+    ]
+    container = {
+        "name": "worker",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["nightjar-worker", "serve"],
+        "args": worker_args(spec),
+        "ports": [{"name": "http", "containerPort": c.HTTP_PORT, "protocol": "TCP"}],
+        "env": _env(spec, name),
+        "resources": _resources(spec),
+        # Model loading can take many minutes: the startup probe holds liveness off until /health answers.
+        "startupProbe": _probe(period=10, failures=180),
+        "readinessProbe": _probe(period=5, failures=3),
+        "livenessProbe": _probe(period=15, failures=4, timeout=5),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    # Without spare GPUs a surge pod can never schedule: replace in place instead.
+    strategy = (
+        {"maxSurge": 0, "maxUnavailable": 1} if spec.resources.gpus > 0 else {"maxSurge": 1, "maxUnavailable": 0}
+    )
+    obj = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, c.deployment_name(name), pair),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": pod_selector(name)},
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": 1800,
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": strategy},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {
+                        **pair,
+                        c.ANN_ENGINE_HASH: engine_hash(spec),
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(c.HTTP_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "automountServiceAccountToken": False,  # workers never talk to the API
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 60,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": c.WORKER_UID,
+                        "runAsGroup": c.WORKER_UID,
+                        "fsGroup": c.WORKER_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    return _with_hash(obj)
+
+
+# ---------------------------------------------------------------------------------------- service
+def desired_service(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, Any]:
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(owner, c.service_name(owner.name)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": service_selector(owner.name),
+            "ports": [{"name": "http", "port": c.HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    return _with_hash(obj)
+
+
+# -------------------------------------------------------------------------------------- configmap
+def desired_config_map(owner: Owner, spec: NightjarDeploymentSpec, priors: Any = None) -> dict[str, Any]:
+    obj = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(owner, c.config_map_name(owner.name)),
+        "data": {c.CONFIG_KEY: render_runtime_config(spec, priors)},
+    }
+    # The hash leaves out the fleet loop's priors: a new push of priors is not a spec change.
+    basis = {"metadata": obj["metadata"], "config": runtime_config_dict(spec)}
+    return _with_hash(obj, basis)
+
+
+def desired_children(owner: Owner, spec: NightjarDeploymentSpec, priors: Any = None) -> list[dict[str, Any]]:
+    """In apply order: the ConfigMap first so a new pod never waits on a missing volume."""
+    return [desired_config_map(owner, spec, priors), desired_deployment(owner, spec), desired_service(owner, spec)]

@@ -1,0 +1,88 @@
+"""The worker's runtime config (ConfigMap key ``nightjar.yaml``) built from a spec.
+
+The file is a ``nightjar_worker.runtime_config.WorkerRuntimeConfig``. The worker package is imported
+lazily and only for its pydantic models (pure Python: the operator never imports torch or vLLM);
+when it is not installed the operator writes the same documented keys unvalidated.
+
+Only what the spec sets is written, so the worker's own defaults stay in force. ``priors`` belong
+to the fleet loop (it pushes aggregated priors into this ConfigMap): a reconcile carries the live
+``priors`` over instead of reverting them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from nightjar_operator.crd.models import NightjarDeploymentSpec
+
+# Planner fields a running engine cannot take (nightjar_worker.runtime_config.RESTART_FIELDS): a
+# change of these rolls the pods (hash in the pod template); the rest reloads live.
+RESTART_FIELDS = ("policy", "max_gamma", "arms", "static_gamma")
+
+
+def worker_models() -> ModuleType | None:
+    """``nightjar_worker.runtime_config`` if importable (pure pydantic), else None."""
+    try:
+        return importlib.import_module("nightjar_worker.runtime_config")
+    except ImportError:
+        return None
+
+
+def planner_dict(spec: NightjarDeploymentSpec) -> dict[str, Any]:
+    sp = spec.speculation
+    out: dict[str, Any] = {"policy": sp.policy, "max_gamma": sp.max_gamma}
+    if sp.arms is not None:
+        out["arms"] = sorted(sp.arms)
+    if sp.static_gamma is not None:
+        out["static_gamma"] = sp.static_gamma
+    if sp.switching_cost_ms is not None:
+        out["switch_cost_s"] = sp.switching_cost_ms / 1000.0
+    return out
+
+
+def runtime_config_dict(spec: NightjarDeploymentSpec, priors: Any = None) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"planner": planner_dict(spec)}
+    if priors is not None:
+        cfg["priors"] = priors
+    slo = {}
+    if spec.slo.ttft_p95_ms is not None:
+        slo["ttft_p95_ms"] = spec.slo.ttft_p95_ms
+    if spec.slo.tpot_p95_ms is not None:
+        slo["tpot_p95_ms"] = spec.slo.tpot_p95_ms
+    if slo:
+        cfg["slo"] = slo
+    return cfg
+
+
+def render_runtime_config(spec: NightjarDeploymentSpec, priors: Any = None) -> str:
+    """YAML text of the worker config; validated by the worker's model when it is installed."""
+    cfg = runtime_config_dict(spec, priors)
+    models = worker_models()
+    if models is not None:
+        # Raises ValidationError naming the field (the reconcile checks this earlier as InvalidSpec).
+        models.WorkerRuntimeConfig.model_validate(cfg)
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def live_priors(config_text: str | None) -> Any:
+    """The ``priors`` section of a live ``nightjar.yaml`` (None when absent or unreadable)."""
+    if not config_text:
+        return None
+    try:
+        doc = yaml.safe_load(config_text)
+    except yaml.YAMLError:
+        return None
+    return doc.get("priors") if isinstance(doc, dict) else None
+
+
+def engine_hash(spec: NightjarDeploymentSpec) -> str:
+    """Hash of the restart-only planner fields (pod-template annotation)."""
+    p = planner_dict(spec)
+    sub = {k: p.get(k) for k in RESTART_FIELDS}
+    return hashlib.sha256(json.dumps(sub, sort_keys=True).encode()).hexdigest()[:16]

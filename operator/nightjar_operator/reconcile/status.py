@@ -1,0 +1,155 @@
+"""Status and conditions of a NightjarDeployment, computed from what the cluster shows. Pure.
+
+Conventions (metav1.Condition): ``lastTransitionTime`` moves only when ``status`` flips, every
+condition carries the ``observedGeneration`` it was computed for. This module owns Ready,
+Progressing and Degraded; it initialises SLOMet (Unknown) but never overwrites it: the fleet loop
+measures the SLO. Conditions of other types written by others are kept as they are.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from nightjar_operator import constants as c
+from nightjar_operator.reconcile.children import selector_string, service_selector
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def get_condition(conditions: list[dict[str, Any]] | None, ctype: str) -> dict[str, Any] | None:
+    return next((cond for cond in conditions or [] if cond.get("type") == ctype), None)
+
+
+def set_condition(
+    conditions: list[dict[str, Any]],
+    ctype: str,
+    status: str,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: str,
+) -> list[dict[str, Any]]:
+    """Return a new list with ``ctype`` set; its transition time is kept unless ``status`` changes."""
+    old = get_condition(conditions, ctype)
+    new = {
+        "type": ctype,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == status else now,
+    }
+    if generation is not None:
+        new["observedGeneration"] = generation
+    out = [dict(cond) for cond in conditions]
+    for i, cond in enumerate(out):
+        if cond.get("type") == ctype:
+            out[i] = new
+            return out
+    return out + [new]
+
+
+@dataclass
+class Observed:
+    """What a reconcile saw and decided."""
+
+    deployment: dict[str, Any] | None = None  # live Deployment (with .status)
+    invalid: list[str] = field(default_factory=list)  # InvalidSpec messages, each naming a field
+    conflicts: list[str] = field(default_factory=list)  # children with our name owned by someone else
+
+
+def _deployment_condition(dep: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    return get_condition((dep.get("status") or {}).get("conditions"), ctype)
+
+
+def compute_status(body: dict[str, Any], observed: Observed, now: str | None = None) -> dict[str, Any]:
+    """The full new ``status`` (other writers' fields are carried over)."""
+    now = now or now_iso()
+    meta = body["metadata"]
+    gen = meta.get("generation")
+    spec = body.get("spec") or {}
+    old = dict(body.get("status") or {})
+    want = int(spec.get("replicas", 1) or 0)
+    conds = [dict(x) for x in old.get("conditions") or []]
+
+    dep = observed.deployment
+    ds = (dep or {}).get("status") or {}
+    replicas = int(ds.get("replicas") or 0)
+    ready = int(ds.get("readyReplicas") or 0)
+    updated = int(ds.get("updatedReplicas") or 0)
+    dep_want = int(((dep or {}).get("spec") or {}).get("replicas") or 0)
+    synced = dep is not None and int(ds.get("observedGeneration") or 0) >= int(dep["metadata"].get("generation") or 0)
+    done = synced and replicas == dep_want and updated == dep_want and ready == dep_want
+
+    # Degraded: what the Deployment controller reports as stuck, or a name clash.
+    degraded = ("False", "AsExpected", "")
+    if observed.conflicts:
+        degraded = ("True", "ChildConflict", "; ".join(observed.conflicts))
+    elif dep is not None:
+        prog = _deployment_condition(dep, "Progressing")
+        fail = _deployment_condition(dep, "ReplicaFailure")
+        if prog and prog.get("status") == "False" and prog.get("reason") == "ProgressDeadlineExceeded":
+            degraded = ("True", "ProgressDeadlineExceeded", prog.get("message", ""))
+        elif fail and fail.get("status") == "True":
+            degraded = ("True", "ReplicaFailure", fail.get("message", ""))
+
+    if observed.invalid:
+        msg = "; ".join(observed.invalid)
+        ready_c = ("False", "InvalidSpec", msg)
+        prog_c = ("False", "InvalidSpec", "spec rejected; running children left unchanged")
+    elif observed.conflicts:
+        ready_c = ("False", "ChildConflict", "; ".join(observed.conflicts))
+        prog_c = ("False", "ChildConflict", "cannot take over objects owned by someone else")
+    elif dep is None:
+        ready_c = ("False", "Creating", "worker Deployment not created yet")
+        prog_c = ("True", "Creating", "creating children")
+    elif done and dep_want == want:
+        if want == 0:
+            ready_c = ("True", "ScaledToZero", "0 replicas requested")
+        else:
+            ready_c = ("True", "AllReplicasReady", f"{ready}/{want} replicas ready")
+        prog_c = ("False", "RolloutComplete", f"{ready}/{want} replicas ready and up to date")
+    else:
+        detail = f"{updated}/{dep_want} updated, {ready}/{dep_want} ready"
+        if not synced or updated < dep_want:
+            reason = "RollingOut"
+        elif ready < dep_want or replicas < dep_want:
+            reason = "ScalingUp"
+        else:
+            reason = "ScalingDown"
+        ready_c = ("False", reason, detail)
+        prog_c = ("True", reason, detail)
+
+    conds = set_condition(conds, c.COND_READY, *ready_c, gen, now)
+    conds = set_condition(conds, c.COND_PROGRESSING, *prog_c, gen, now)
+    conds = set_condition(conds, c.COND_DEGRADED, *degraded, gen, now)
+    if get_condition(conds, c.COND_SLO_MET) is None:
+        conds = set_condition(conds, c.COND_SLO_MET, "Unknown", "NotMeasured", "no SLO measurements yet", gen, now)
+    conds.sort(key=lambda x: (c.CONDITION_TYPES + (x["type"],)).index(x["type"]))
+
+    status = dict(old)
+    status.update(
+        {
+            "observedGeneration": gen,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": updated,
+            "selector": selector_string(service_selector(meta["name"])),
+            "conditions": conds,
+        }
+    )
+    ann = ((dep or {}).get("metadata") or {}).get("annotations") or {}
+    if dep is not None:
+        status["target"] = ann.get(c.ANN_TARGET)
+        status["draft"] = ann.get(c.ANN_DRAFT)
+    return {k: v for k, v in status.items() if v is not None}
+
+
+def status_patch(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any] | None:
+    """Merge patch turning ``old`` into ``new`` for our keys, or None when nothing changed."""
+    old = old or {}
+    diff = {k: v for k, v in new.items() if old.get(k) != v}
+    return diff or None
