@@ -1,0 +1,101 @@
+import pytest
+from nightjar_worker.memory.offload_policy import Action, MemoryView, OffloadPolicy, OffloadPolicyConfig
+from nightjar_worker.memory.offload_state import DraftState
+from pydantic import ValidationError
+
+
+def view(gamma=0, waiting=0, used=10, allowed=100, base=100, gain=None, reload=0.0, switch=0.0):
+    return MemoryView(
+        planner_gamma=gamma, batch_size=8, num_waiting=waiting, used_blocks=used,
+        allowed_blocks=allowed, base_blocks=base, spec_gain_s=gain, reload_cost_s=reload,
+        switch_cost_s=switch,
+    )
+
+
+CFG = OffloadPolicyConfig(offload_after_steps=3, reload_after_steps=4, min_resident_s=0, min_offloaded_s=0)
+
+
+def run(policy, v, state, n, t=100.0, **kw):
+    return [policy.decide(v, state, t, **kw) for _ in range(n)]
+
+
+def test_offload_needs_gamma_zero_and_pressure_for_k_steps():
+    p = OffloadPolicy(CFG)
+    assert run(p, view(gamma=0, waiting=4), DraftState.RESIDENT, 3) == [Action.NONE] * 2 + [Action.OFFLOAD]
+    # gamma 0 without pressure: the draft stays.
+    p = OffloadPolicy(CFG)
+    assert set(run(p, view(gamma=0, waiting=0, used=10), DraftState.RESIDENT, 20)) == {Action.NONE}
+    # pressure but the planner still speculates: the draft stays.
+    p = OffloadPolicy(CFG)
+    assert set(run(p, view(gamma=2, waiting=5), DraftState.RESIDENT, 20)) == {Action.NONE}
+    # KV usage above the high mark is pressure too.
+    p = OffloadPolicy(CFG)
+    assert run(p, view(gamma=0, used=95), DraftState.RESIDENT, 3)[-1] is Action.OFFLOAD
+
+
+def test_interrupted_streak_restarts_the_count():
+    p = OffloadPolicy(CFG)
+    s = DraftState.RESIDENT
+    assert p.decide(view(waiting=4), s, 100) is Action.NONE
+    assert p.decide(view(waiting=4), s, 100) is Action.NONE
+    assert p.decide(view(waiting=0), s, 100) is Action.NONE  # streak broken
+    assert run(p, view(waiting=4), s, 3) == [Action.NONE, Action.NONE, Action.OFFLOAD]
+
+
+def test_min_dwell_time():
+    p = OffloadPolicy(OffloadPolicyConfig(offload_after_steps=1, min_resident_s=5))
+    assert p.decide(view(waiting=4), DraftState.RESIDENT, 1.0) is Action.NONE
+    assert p.decide(view(waiting=4), DraftState.RESIDENT, 6.0) is Action.OFFLOAD
+
+
+def test_reload_when_calm_and_speculation_pays():
+    p = OffloadPolicy(CFG)
+    s = DraftState.OFFLOADED
+    calm = view(gamma=3, used=50, allowed=130, base=100)
+    assert run(p, calm, s, 4) == [Action.NONE] * 3 + [Action.DRAIN]
+    # blocks in use do not fit in the base pool's low mark: wait.
+    p = OffloadPolicy(CFG)
+    assert set(run(p, view(gamma=3, used=90, allowed=130, base=100), s, 20)) == {Action.NONE}
+    # waiting requests: stay offloaded.
+    p = OffloadPolicy(CFG)
+    assert set(run(p, view(gamma=3, waiting=1, used=5, allowed=130), s, 20)) == {Action.NONE}
+    # the planner still wants gamma 0: stay offloaded.
+    p = OffloadPolicy(CFG)
+    assert set(run(p, view(gamma=0, used=5, allowed=130), s, 20)) == {Action.NONE}
+
+
+def test_reload_cost_and_switch_cost_are_charged():
+    p = OffloadPolicy(CFG)  # amortize over 200 steps
+    s = DraftState.OFFLOADED
+    # 1 ms/step saving * 200 = 0.2 s < 0.15 + 0.1 s of reload + C_switch: not worth it.
+    assert set(run(p, view(gamma=2, gain=0.001, reload=0.15, switch=0.1), s, 20)) == {Action.NONE}
+    assert run(p, view(gamma=2, gain=0.002, reload=0.15, switch=0.1), s, 4)[-1] is Action.DRAIN
+
+
+def test_backoff_blocks_reload():
+    p = OffloadPolicy(CFG)
+    calm = view(gamma=3, used=5, allowed=130)
+    assert set(run(p, calm, DraftState.OFFLOADED, 10, retry_allowed=False)) == {Action.NONE}
+    assert p.decide(calm, DraftState.OFFLOADED, 100, retry_allowed=True) is Action.DRAIN
+
+
+def test_drain_cancelled_when_pressure_returns():
+    p = OffloadPolicy(CFG)
+    s = DraftState.DRAINING
+    assert run(p, view(gamma=0, waiting=3), s, 3) == [Action.NONE, Action.NONE, Action.CANCEL_DRAIN]
+    p = OffloadPolicy(CFG)
+    assert set(run(p, view(gamma=2, used=20), s, 20)) == {Action.NONE}
+
+
+def test_disabled_never_acts():
+    p = OffloadPolicy(OffloadPolicyConfig(enabled=False, offload_after_steps=1, min_resident_s=0))
+    assert set(run(p, view(waiting=9), DraftState.RESIDENT, 10)) == {Action.NONE}
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValidationError, match="kv_usage_low"):
+        OffloadPolicyConfig(kv_usage_low=0.95, kv_usage_high=0.9)
+    with pytest.raises(ValidationError, match="offload_after_steps"):
+        OffloadPolicyConfig(offload_after_steps=0)
+    with pytest.raises(ValidationError, match="bogus"):
+        OffloadPolicyConfig(bogus=1)

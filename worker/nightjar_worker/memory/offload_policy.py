@@ -1,0 +1,149 @@
+"""When to offload the draft and when to bring it back (pure logic, one decision per step).
+
+Step contract: every scheduler step the engine builds a ``MemoryView`` (what the planner wants
+and how loaded the KV cache is) and calls ``OffloadPolicy.decide(view, state, now)``; the
+returned ``Action`` is carried out by ``ElasticMemoryManager``.
+
+* Offload when the planner has held gamma == 0 for ``offload_after_steps`` consecutive steps
+  *and* there is memory pressure (requests waiting, or KV usage >= ``kv_usage_high``): an idle
+  draft under pressure only takes bytes the KV cache needs.
+* Start draining back when, for ``reload_after_steps`` consecutive steps, the planner wants
+  gamma > 0, nothing waits, the blocks in use fit in ``kv_usage_low`` of the base pool, and the
+  expected saving over ``amortize_steps`` steps exceeds the reload time plus C_switch.
+* Hysteresis: two thresholds (``kv_usage_low`` < ``kv_usage_high``), consecutive-step counters,
+  and a minimum dwell time in RESIDENT / OFFLOADED so the draft does not ping-pong.
+* A drain is cancelled (back to OFFLOADED) as soon as pressure returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .offload_state import DraftState
+
+
+class OffloadPolicyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    offload_after_steps: int = Field(8, ge=1, description="consecutive gamma=0 steps under pressure")
+    reload_after_steps: int = Field(16, ge=1, description="consecutive calm steps wanting gamma>0")
+    waiting_threshold: int = Field(1, ge=1, description="this many waiting requests is pressure")
+    kv_usage_high: float = Field(0.90, gt=0.0, le=1.0, description="KV usage (of allowed blocks) = pressure")
+    kv_usage_low: float = Field(
+        0.70, ge=0.0, le=1.0, description="reload only when used blocks <= this share of the base pool"
+    )
+    min_resident_s: float = Field(2.0, ge=0.0, description="minimum dwell in RESIDENT before offloading")
+    min_offloaded_s: float = Field(2.0, ge=0.0, description="minimum dwell in OFFLOADED before draining")
+    amortize_steps: int = Field(
+        200, ge=1, description="steps over which the reload + C_switch cost must be recovered"
+    )
+    drain_timeout_s: float = Field(
+        30.0, gt=0.0, description="after this long draining, preempt (recompute) holders of extra blocks"
+    )
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> OffloadPolicyConfig:
+        if self.kv_usage_low >= self.kv_usage_high:
+            raise ValueError(
+                f"kv_usage_low ({self.kv_usage_low}) must be below kv_usage_high ({self.kv_usage_high})"
+            )
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryView:
+    """The planner's and the scheduler's view of one step (filled by the engine)."""
+
+    planner_gamma: int  # what the planner would choose this step, before clamping to the draft state
+    batch_size: int
+    num_waiting: int
+    used_blocks: int  # KV blocks in use (all pools)
+    allowed_blocks: int  # blocks the scheduler may use right now
+    base_blocks: int  # blocks available with the draft resident
+    spec_gain_s: float | None = None  # planner's expected seconds saved per step by speculating
+    switch_cost_s: float = 0.0  # measured C_switch (draft KV catch-up)
+    reload_cost_s: float = 0.0  # expected duration of a reload (last measured)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.used_blocks / max(1, self.allowed_blocks)
+
+    @property
+    def base_usage(self) -> float:
+        return self.used_blocks / max(1, self.base_blocks)
+
+
+class Action(str, Enum):
+    NONE = "none"
+    OFFLOAD = "offload"
+    DRAIN = "drain"  # start bringing the draft back: stop handing out extra blocks
+    CANCEL_DRAIN = "cancel_drain"
+
+
+class OffloadPolicy:
+    """Hysteresis over consecutive steps; keeps only counters (deterministic, no I/O)."""
+
+    def __init__(self, config: OffloadPolicyConfig | None = None) -> None:
+        self.config = config or OffloadPolicyConfig()
+        self._pressure_zero_steps = 0
+        self._calm_spec_steps = 0
+        self._pressure_steps = 0
+
+    def pressure(self, view: MemoryView) -> bool:
+        c = self.config
+        return view.num_waiting >= c.waiting_threshold or view.kv_usage >= c.kv_usage_high
+
+    def reload_pays(self, view: MemoryView) -> bool:
+        """The planner expects speculation to recover the reload and C_switch within the horizon."""
+        if view.planner_gamma <= 0:
+            return False
+        if view.spec_gain_s is None:  # no estimate yet: trust the planner's choice
+            return True
+        return view.spec_gain_s * self.config.amortize_steps > view.reload_cost_s + view.switch_cost_s
+
+    def decide(
+        self,
+        view: MemoryView,
+        state: DraftState,
+        time_in_state_s: float,
+        retry_allowed: bool = True,
+    ) -> Action:
+        c = self.config
+        pressure = self.pressure(view)
+        self._pressure_steps = self._pressure_steps + 1 if pressure else 0
+        self._pressure_zero_steps = self._pressure_zero_steps + 1 if pressure and view.planner_gamma == 0 else 0
+        calm = (
+            not pressure
+            and view.num_waiting == 0
+            and view.base_usage <= c.kv_usage_low
+            and self.reload_pays(view)
+        )
+        self._calm_spec_steps = self._calm_spec_steps + 1 if calm else 0
+        if not c.enabled:
+            return Action.NONE
+
+        if state is DraftState.RESIDENT:
+            if self._pressure_zero_steps >= c.offload_after_steps and time_in_state_s >= c.min_resident_s:
+                self._reset()
+                return Action.OFFLOAD
+        elif state is DraftState.OFFLOADED:
+            if (
+                self._calm_spec_steps >= c.reload_after_steps
+                and time_in_state_s >= c.min_offloaded_s
+                and retry_allowed
+            ):
+                self._reset()
+                return Action.DRAIN
+        elif state is DraftState.DRAINING:
+            # Pressure during a drain means the extra blocks are needed again.
+            if self._pressure_steps >= c.offload_after_steps:
+                self._reset()
+                return Action.CANCEL_DRAIN
+        return Action.NONE
+
+    def _reset(self) -> None:
+        self._pressure_zero_steps = self._calm_spec_steps = self._pressure_steps = 0
