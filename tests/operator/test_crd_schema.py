@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pydantic import BaseModel
-
 from nightjar_operator.crd import schema as s
 from nightjar_operator.crd.models import NightjarDeploymentSpec
+from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +57,7 @@ def test_schema_is_structural():
             assert set(branch) == {"required"}, path
     # preserve-unknown-fields only where the rollout loop owns the shape.
     preserved = [p for p, n in _walk(root) if n.get("x-kubernetes-preserve-unknown-fields")]
-    assert preserved == ["<root>.status.stable", "<root>.status.candidate"]
+    assert preserved == ["<root>.status.stable", "<root>.status.candidate", "<root>.status.fleet"]
 
 
 def test_schema_carries_validations():

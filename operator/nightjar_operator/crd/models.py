@@ -231,6 +231,14 @@ class ModelPairStatus(_Model):
     ready_replicas: int | None = None
 
 
+class FleetStatus(_Model):
+    """What the fleet loop measured (scrapes, SLO, priors); its shape belongs to the fleet loop."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+    observed_at: str | None = Field(None, json_schema_extra={"format": "date-time"})
+
+
 class NightjarDeploymentStatus(_Model):
     """Observed state, computed from what the cluster shows."""
 
@@ -252,3 +260,4 @@ class NightjarDeploymentStatus(_Model):
     )
     stable: ModelPairStatus | None = None
     candidate: ModelPairStatus | None = None
+    fleet: FleetStatus | None = None
