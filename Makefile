@@ -9,7 +9,7 @@ CACHE ?= $(HOME)/.cache/nightjar
 QUICK ?= 0
 export QUICK
 
-.PHONY: install demo test test-fast lint bench-planner models help
+.PHONY: install test test-fast lint help
 
 help:
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -31,11 +31,13 @@ $(STAMP): pyproject.toml
 lint: install ## ruff
 	$(VENV)/bin/ruff check worker operator tests benchmarks
 
-test: install ## the full test suite (CI runs exactly this)
+# Each area adds what its tests need (models, apiserver binaries, ...) to TEST_DEPS in mk/*.mk.
+TEST_DEPS :=
+-include mk/*.mk
+
+test: install $(TEST_DEPS) ## the full test suite (CI runs exactly this)
 	$(VENV)/bin/pytest -q
 
 test-fast: install ## pure-logic tests only (no engine, no cluster)
 	$(VENV)/bin/pytest -q -m "not engine and not cluster and not prometheus and not helm"
 
-bench-planner: install ## planner vs baselines in the simulator (QUICK=1 for < 60 s)
-	$(PY) -m benchmarks.bench_planner
