@@ -1,0 +1,42 @@
+# Helm chart, plain manifests, Grafana dashboards, Prometheus rules (owner: chart area).
+# See docs/install.md and docs/dashboard.md.
+CHART := charts/nightjar
+CHART_CRDS := $(CHART)/files/crds
+MANIFESTS_DIR ?= manifests
+MANIFESTS_NS ?= nightjar-system
+# helm comes from `make helm` (mk/cluster.mk); override with HELM=/path/to/helm.
+HELM ?= $(CACHE)/bin/helm
+HELM_RENDER = $(HELM) template nightjar $(CHART) --namespace $(MANIFESTS_NS) --skip-tests --set crds.install=false
+
+.PHONY: prometheus chart-crds dashboards manifests manifests-render chart-lint
+
+prometheus: ## Prometheus + promtool from Debian (idempotent; tests start their own on loopback)
+	bash scripts/prometheus/install.sh
+
+# The chart installs the CRD from a verbatim copy of `make crds`'s output (tests check the copy).
+chart-crds: ## copy manifests/crds/*.yaml into the chart (files/crds/)
+	mkdir -p $(CHART_CRDS)
+	rm -f $(CHART_CRDS)/*.yaml
+	cp manifests/crds/*.yaml $(CHART_CRDS)/
+
+dashboards: ## regenerate charts/nightjar/dashboards/*.json from scripts/prometheus/dashboard.py
+	python3 scripts/prometheus/dashboard.py
+
+manifests: crds chart-crds dashboards manifests-render ## render manifests/ (plain YAML) from the chart
+
+# Render only (no regeneration): the test renders into a temporary MANIFESTS_DIR and compares.
+manifests-render:
+	mkdir -p $(MANIFESTS_DIR)/rbac $(MANIFESTS_DIR)/monitoring
+	printf '# Rendered by `make manifests` (do not edit).\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' $(MANIFESTS_NS) > $(MANIFESTS_DIR)/namespace.yaml
+	$(HELM_RENDER) -s templates/serviceaccount.yaml -s templates/rbac.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/rbac/nightjar-operator.yaml
+	$(HELM_RENDER) -s templates/deployment.yaml -s templates/service.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/operator.yaml
+	$(HELM_RENDER) -s templates/dashboards.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit). Grafana dashboards for the sidecar.' > $(MANIFESTS_DIR)/monitoring/grafana-dashboards.yaml
+	$(HELM_RENDER) --api-versions monitoring.coreos.com/v1 -s templates/servicemonitor.yaml -s templates/podmonitor.yaml -s templates/prometheusrule.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit). Needs the Prometheus Operator CRDs.' > $(MANIFESTS_DIR)/monitoring/prometheus-operator.yaml
+
+chart-lint: ## helm lint, promtool check rules, dashboards and CRD copy up to date
+	$(HELM) lint --strict $(CHART)
+	promtool check rules $(CHART)/rules/*.yaml
+	python3 scripts/prometheus/dashboard.py --check
+	diff -r manifests/crds $(CHART_CRDS)
+
+TEST_DEPS += prometheus

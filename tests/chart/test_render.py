@@ -1,0 +1,209 @@
+"""The chart rendered by the real helm: lint, several values files, schema errors, security, gates,
+and the checked-in copies (CRD, dashboards, manifests/) that must match their sources."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from helmutil import CHART, INVALID_DIR, ROOT, render, run_helm, values_files
+
+pytestmark = pytest.mark.helm
+
+MONITORING = "monitoring.coreos.com/v1"
+VALUES = values_files()
+
+
+@pytest.mark.parametrize("values", VALUES, ids=[v.stem for v in VALUES])
+def test_lint_strict(helm, values):
+    out = run_helm(helm, "lint", "--strict", str(CHART), "-f", str(values)).stdout
+    assert "0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize("values", VALUES, ids=[v.stem for v in VALUES])
+def test_pods_non_root_read_only(helm, values):
+    objs = render(helm, [values], api_versions=[MONITORING])
+    pod_specs = [d["spec"]["template"]["spec"] for d in objs.of("Deployment")] + [p["spec"] for p in objs.of("Pod")]
+    assert pod_specs, "nothing with a pod spec rendered"
+    for spec in pod_specs:
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"].get("runAsUser", 1) != 0
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert sc["allowPrivilegeEscalation"] is False, c["name"]
+            assert sc["capabilities"]["drop"] == ["ALL"], c["name"]
+
+
+def test_defaults_render_expected_objects(helm):
+    objs = render(helm)
+    assert objs.kinds() == sorted([
+        "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Service",
+        "Deployment", "ConfigMap", "CustomResourceDefinition", "Pod",
+    ])
+    dep = objs.one("Deployment", "nightjar-operator")
+    spec = dep["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "nightjar-operator"
+    c = spec["containers"][0]
+    assert c["command"] == ["nightjar-operator"]
+    # All namespaces by default: no --namespace flag; metrics and liveness on the declared ports.
+    assert c["args"] == ["run", "--metrics-port=8080", "--liveness=http://0.0.0.0:8081/healthz"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 8080, "health": 8081}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    svc = objs.one("Service", "nightjar-operator-metrics")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    # Cluster-wide bindings of both roles to the chart's ServiceAccount.
+    for crb in objs.of("ClusterRoleBinding"):
+        assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "nightjar-operator", "namespace": "nightjar-system"}]
+    assert {crb["roleRef"]["name"] for crb in objs.of("ClusterRoleBinding")} == {"nightjar-operator", "nightjar-operator-cluster"}
+
+
+def test_rbac_is_least_privilege(helm):
+    objs = render(helm)
+    rules = [r for cr in objs.of("ClusterRole") for r in cr["rules"]]
+    allowed = {(g, res, v) for r in rules for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+    assert not any("*" in t for t in allowed), "no wildcards"
+    # What the operator needs ...
+    for need in [("nightjar.dev", "nightjardeployments", "watch"), ("nightjar.dev", "nightjardeployments/status", "patch"),
+                 ("apps", "deployments", "create"), ("", "services", "update"), ("", "configmaps", "create"),
+                 ("", "pods", "list"), ("", "events", "create"),
+                 ("apiextensions.k8s.io", "customresourcedefinitions", "list")]:
+        assert need in allowed, need
+    # ... and nothing it does not: no secrets, no pod writes, no CRD writes, no RBAC, no exec.
+    for resource in ("secrets", "pods/exec", "clusterroles", "rolebindings", "nodes"):
+        assert not any(res == resource for _, res, _ in allowed), resource
+    assert not any(res == "pods" and v not in ("get", "list", "watch") for _, res, v in allowed)
+    assert not any(res == "customresourcedefinitions" and v not in ("get", "list", "watch") for _, res, v in allowed)
+
+
+def test_namespaced_values(helm):
+    objs = render(helm, [ROOT / "tests/chart/values/namespaced.yaml"])
+    assert "CustomResourceDefinition" not in objs.kinds()
+    args = objs.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
+    assert "--verbose" in args and "--some-flag" in args
+    rbs = objs.of("RoleBinding")
+    assert sorted(rb["metadata"]["namespace"] for rb in rbs) == ["team-a", "team-b"]
+    assert all(rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "nightjar-operator"}
+               for rb in rbs)
+    # Only the cluster-scoped reads stay bound cluster-wide.
+    assert [crb["roleRef"]["name"] for crb in objs.of("ClusterRoleBinding")] == ["nightjar-operator-cluster"]
+    test_pod = objs.one("Pod")
+    assert test_pod["spec"]["containers"][0]["args"][0] == "http://llama-70b.team-a.svc:8000/v1/models"
+
+
+def test_hardened_values(helm):
+    objs = render(helm, [ROOT / "tests/chart/values/hardened.yaml"])
+    assert "ServiceAccount" not in objs.kinds() and "Pod" not in objs.kinds() and "ConfigMap" not in objs.kinds()
+    assert "Service" not in objs.kinds()
+    spec = objs.one("Deployment", "njd-ctrl-operator")["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "nightjar-preprovisioned"
+    assert spec["containers"][0]["image"] == (
+        "registry.example.com/nightjar/operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    assert spec["securityContext"]["runAsUser"] == 10001
+    for crb in objs.of("ClusterRoleBinding"):
+        assert crb["subjects"][0]["name"] == "nightjar-preprovisioned"
+
+
+def test_monitoring_objects_gated_on_api(helm):
+    plain = render(helm)
+    assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule"} & set(plain.kinds())
+    objs = render(helm, [ROOT / "tests/chart/values/monitoring.yaml"], api_versions=[MONITORING])
+    sm = objs.one("ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics" and sm["spec"]["endpoints"][0]["interval"] == "15s"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    pm = objs.one("PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "nightjar-worker", "app.kubernetes.io/managed-by": "nightjar-operator"}
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["serving"]}
+    ep = pm["spec"]["podMetricsEndpoints"][0]
+    assert ep["port"] == "http" and ep["path"] == "/metrics"
+    assert {"sourceLabels": ["__meta_kubernetes_pod_label_nightjar_dev_deployment"], "targetLabel": "nightjar_deployment"} in ep["relabelings"]
+    # The PrometheusRule carries the rule files' groups unchanged.
+    rule = objs.one("PrometheusRule")
+    files = sorted((CHART / "rules").glob("*.yaml"))
+    expected = [g for f in files for g in yaml.safe_load(f.read_text())["groups"]]
+    assert rule["spec"]["groups"] == expected
+    # Each monitor can be switched off.
+    off = render(helm, sets=["metrics.podMonitor.enabled=false", "metrics.prometheusRule.enabled=false"],
+                 api_versions=[MONITORING])
+    assert "PodMonitor" not in off.kinds() and "PrometheusRule" not in off.kinds() and "ServiceMonitor" in off.kinds()
+
+
+def test_dashboard_configmaps(helm):
+    objs = render(helm, [ROOT / "tests/chart/values/monitoring.yaml"])
+    cms = objs.of("ConfigMap")
+    files = sorted((CHART / "dashboards").glob("*.json"))
+    assert len(cms) == len(files) >= 1
+    for f in files:
+        cm = next(c for c in cms if f.name in c["data"])
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["namespace"] == "monitoring"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "Nightjar"}
+        assert json.loads(cm["data"][f.name]) == json.loads(f.read_text())
+
+
+def test_crd_template(helm):
+    src = yaml.safe_load((ROOT / "manifests/crds/nightjar.dev_nightjardeployments.yaml").read_text())
+    crd = render(helm).one("CustomResourceDefinition")
+    assert crd["spec"] == src["spec"], "the chart's CRD must be `make crds`'s output"
+    assert crd["metadata"]["name"] == src["metadata"]["name"]
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    crd = render(helm, sets=["crds.keep=false"]).one("CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
+
+
+def test_crd_copy_matches_make_crds_output():
+    src = sorted((ROOT / "manifests/crds").glob("*.yaml"))
+    copy = sorted((CHART / "files/crds").glob("*.yaml"))
+    assert [p.name for p in copy] == [p.name for p in src], "run `make chart-crds`"
+    for a, b in zip(src, copy, strict=True):
+        assert a.read_text() == b.read_text(), f"{b} differs from {a}: run `make chart-crds`"
+
+
+def test_helm_test_hook(helm):
+    pod = render(helm).one("Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    c = pod["spec"]["containers"][0]
+    assert c["args"] == ["http://cpu-pair.nightjar-system.svc:8000/v1/models", "30"]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("bad", sorted(INVALID_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_schema_rejects_bad_values(helm, bad):
+    expect = bad.read_text().splitlines()[0].removeprefix("# expect:").strip()
+    p = run_helm(helm, "template", "x", str(CHART), "-f", str(bad), check=False)
+    assert p.returncode != 0, f"{bad.name} was accepted"
+    assert expect in p.stderr, p.stderr
+
+
+def test_dashboards_up_to_date():
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/prometheus/dashboard.py"), "--check"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_manifests_match_chart(helm, tmp_path):
+    """manifests/ (except crds/ and samples/, owned by the operator) is `make manifests-render` output."""
+    p = subprocess.run(["make", "-s", "manifests-render", f"MANIFESTS_DIR={tmp_path}", f"HELM={helm}"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rendered = sorted(f.relative_to(tmp_path) for f in tmp_path.rglob("*.yaml"))
+    assert rendered, "nothing rendered"
+    for rel in rendered:
+        checked_in = ROOT / "manifests" / rel
+        assert checked_in.exists(), f"manifests/{rel} missing: run `make manifests`"
+        assert checked_in.read_text() == (tmp_path / rel).read_text(), f"manifests/{rel} is stale: run `make manifests`"
+    # The plain RBAC is the chart's (one source of truth for the operator's permissions).
+    rbac = [d for d in yaml.safe_load_all((ROOT / "manifests/rbac/nightjar-operator.yaml").read_text()) if d]
+    chart_rbac = render(helm, sets=["crds.install=false"])
+    assert [r for r in rbac if r["kind"] == "ClusterRole"] == chart_rbac.of("ClusterRole")
