@@ -156,3 +156,41 @@ def test_applied_priors_show_in_the_policy_snapshot():
     apply_to_policy(policy, None, WorkerRuntimeConfig(priors=PRIORS))
     snap = {(e.bucket_lo, e.gamma): e.mean_loss_s for e in policy.snapshot().entries}
     assert snap[(1, 3)] == pytest.approx(0.012) and snap[(1, 0)] == pytest.approx(0.030)
+
+
+def test_policy_holder_rebuilds_on_policy_change_and_keeps_state_otherwise(tmp_path):
+    from nightjar_worker.runtime_config import PolicyHolder
+
+    holder = PolicyHolder(WorkerRuntimeConfig())
+    first = holder.policy
+    holder.update(WorkerRuntimeConfig(slo={"tpot_p95_ms": 30}))
+    assert holder.policy is first  # knobs/SLO: same (learned) policy object
+    holder.update(WorkerRuntimeConfig(planner=PlannerConfig(policy="static", static_gamma=2)))
+    assert holder.policy is not first and holder.policy.decide(8) == 2
+    # through the watcher: an invalid combination is rejected and the old policy stays
+    path = tmp_path / "c.yaml"
+    write_config_atomically(path, holder.config)
+    w = RuntimeConfigWatcher(path, holder, state_dir="")
+    w.load_initial()
+    path.write_text("planner: {policy: dsd}\n")  # dsd needs a cost profile
+    assert not w.check() and holder.policy.decide(8) == 2
+
+
+def test_planner_runtime_records_metrics_and_applies_updates(tmp_path):
+    from nightjar_worker.planner import StepFeedback
+    from nightjar_worker.runtime_config import PlannerRuntime
+
+    path = tmp_path / "c.yaml"
+    write_config_atomically(path, WorkerRuntimeConfig(priors=PRIORS))
+    rt = PlannerRuntime(path, watch=False, snapshot_every_s=0.0)
+    steps0 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g)}) or 0 for g in range(5))
+    for _ in range(20):
+        g = rt.decide(1)
+        rt.observe(StepFeedback(batch_size=1, gamma=g, step_time_s=0.01, tokens_emitted=1 + g,
+                                num_draft_tokens=g, num_accepted_tokens=g))
+    steps1 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g)}) or 0 for g in range(5))
+    assert steps1 - steps0 == 20
+    assert REGISTRY.get_sample_value("nightjar_planner_loss_seconds", {"bucket": "1", "gamma": "0"}) is not None
+    write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(policy="static", static_gamma=1)))
+    assert rt.watcher.check() and rt.decide(4) == 1
+    rt.close()

@@ -36,10 +36,12 @@ ENV_CONFIG = "NIGHTJAR_CONFIG"
 ENV_STATE_DIR = "NIGHTJAR_STATE_DIR"  # where the engine reports what it applied (read by GET)
 STATUS_FILE = "config-status.json"
 
-# Fields of PlannerConfig that shape the engine (arms, K, buckets, which policy) cannot change on a
-# live engine: vLLM sized the draft for K at start-up. Changing them needs a restart (the operator
-# rolls the pods); everything else (priors, SLO, exploration knobs, switch cost) applies live.
-RESTART_FIELDS = ("policy", "max_gamma", "arms", "bucket_edges", "max_batch", "static_gamma", "gamma_table", "seed")
+# Fields of PlannerConfig that shape the engine (K, arms, buckets) cannot change on a live engine:
+# vLLM sized the draft and its buffers for K at start-up. Changing them needs a restart (the operator
+# rolls the pods). Everything else applies live: priors, SLO, exploration knobs, switch cost, and
+# even the policy itself (``PolicyHolder`` rebuilds it on the same arms; used by benchmarks).
+RESTART_FIELDS = ("max_gamma", "arms", "bucket_edges", "max_batch")
+REBUILD_FIELDS = ("policy", "static_gamma", "gamma_table", "seed")
 
 
 class SloTarget(BaseModel):
@@ -161,6 +163,39 @@ def apply_to_policy(policy: Any, old: WorkerRuntimeConfig | None, new: WorkerRun
             policy.set_priors(new.priors)
             applied.append(f"priors ({len(new.priors.entries)} entries)")
     return applied
+
+
+class PolicyHolder:
+    """Owns the live gamma policy and applies runtime configs to it (the watcher's ``on_update``).
+
+    A change of ``policy``/``static_gamma``/``gamma_table``/``seed`` rebuilds the policy with
+    ``build_policy`` (same arms, so the engine is unaffected); any other change is pushed into the
+    existing policy with ``apply_to_policy`` (its learned state is kept). The scheduler reads
+    ``holder.policy`` on every step, under the watcher's lock.
+    """
+
+    def __init__(self, config: WorkerRuntimeConfig | None = None, profile: Any = None) -> None:
+        from nightjar_worker.planner import build_policy
+
+        self._build = build_policy
+        self.profile = profile
+        self.config = config or WorkerRuntimeConfig()
+        self.policy = build_policy(self.config.planner, profile)
+        apply_to_policy(self.policy, None, self.config)
+
+    def __call__(self, new: WorkerRuntimeConfig, old: WorkerRuntimeConfig | None) -> None:
+        self.update(new)
+
+    def update(self, new: WorkerRuntimeConfig) -> list[str]:
+        old = self.config
+        if any(getattr(old.planner, f) != getattr(new.planner, f) for f in REBUILD_FIELDS):
+            policy = self._build(new.planner, self.profile)  # raises on a bad combination: old kept
+            apply_to_policy(policy, None, new)
+            self.policy, self.config = policy, new
+            return [f"policy rebuilt: {getattr(policy, 'name', new.planner.policy)}"]
+        applied = apply_to_policy(self.policy, old, new)
+        self.config = new
+        return applied
 
 
 def write_config_atomically(path: str | os.PathLike[str], cfg: WorkerRuntimeConfig) -> None:
@@ -320,3 +355,90 @@ class RuntimeConfigWatcher:
                 self.check()
             except Exception:  # noqa: BLE001 - the watcher must survive anything
                 log.exception("nightjar: config watcher error")
+
+
+class PlannerRuntime:
+    """Everything the scheduler needs from this module, in one object (lives in the EngineCore).
+
+    ``rt = PlannerRuntime.from_env(profile)`` loads ``$NIGHTJAR_CONFIG`` (a malformed file fails the
+    start with the field named), builds the policy, starts the watcher thread; then per step::
+
+        gamma = rt.decide(batch_size)            # policy.decide + nightjar_planner_decision_seconds
+        ...run the step...
+        rt.observe(StepFeedback(...))            # policy.observe + per-step nightjar_* metrics
+
+    Both take ``rt.lock`` (shared with the watcher) so a config update never lands mid-decision.
+    The planner's ``snapshot()`` is exported to ``nightjar_planner_loss_seconds``/``_count`` at most
+    every ``snapshot_every_s`` (it allocates; not worth doing per step).
+    """
+
+    def __init__(
+        self,
+        config_path: str | os.PathLike[str] | None = None,
+        profile: Any = None,
+        *,
+        watch: bool = True,
+        interval_s: float = 1.0,
+        snapshot_every_s: float = 1.0,
+    ) -> None:
+        from nightjar_worker import metrics as metrics_mod
+
+        self.metrics = metrics_mod.worker_metrics()
+        self.path = Path(config_path) if config_path else Path(config_path_from_env())
+        initial = load_runtime_config(self.path)
+        self.holder = PolicyHolder(initial, profile)
+        self.watcher = RuntimeConfigWatcher(self.path, self._on_update, interval_s=interval_s, metrics=self.metrics)
+        self.lock = self.watcher.lock
+        self.watcher.load_initial()
+        self._snapshot_every_s = snapshot_every_s
+        self._last_snapshot = 0.0
+        self.export_snapshot()
+        if watch:
+            self.watcher.start()
+
+    @classmethod
+    def from_env(cls, profile: Any = None, **kw: Any) -> PlannerRuntime:
+        return cls(None, profile, **kw)
+
+    def _on_update(self, new: WorkerRuntimeConfig, old: WorkerRuntimeConfig | None) -> None:
+        if old is None and new == self.holder.config:
+            return  # the initial load: the holder was built from it
+        applied = self.holder.update(new)
+        log.info("nightjar: applied %s", ", ".join(applied) or "nothing (no change for this policy)")
+        self._last_snapshot = 0.0  # re-export priors promptly
+
+    @property
+    def policy(self) -> Any:
+        return self.holder.policy
+
+    @property
+    def config(self) -> WorkerRuntimeConfig:
+        return self.holder.config
+
+    def decide(self, batch_size: int) -> int:
+        with self.lock:
+            t0 = time.perf_counter()
+            g = self.holder.policy.decide(batch_size)
+            self.metrics.observe_decision(time.perf_counter() - t0)
+        return g
+
+    def observe(self, fb: Any) -> None:
+        with self.lock:
+            self.holder.policy.observe(fb)
+        self.metrics.observe_step(fb.gamma, fb.batch_size, fb.num_draft_tokens, fb.num_accepted_tokens)
+        if fb.switch_cost_s > 0:
+            self.metrics.observe_switch_cost(fb.switch_cost_s)
+        now = time.monotonic()
+        if now - self._last_snapshot >= self._snapshot_every_s:
+            self.export_snapshot(now)
+
+    def export_snapshot(self, now: float | None = None) -> None:
+        snap = getattr(self.holder.policy, "snapshot", None)
+        if snap is not None:
+            with self.lock:
+                s = snap()
+            self.metrics.set_planner_snapshot(s)
+        self._last_snapshot = time.monotonic() if now is None else now
+
+    def close(self) -> None:
+        self.watcher.stop()
