@@ -29,7 +29,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: 
 @kopf.on.create(c.GROUP, c.VERSION, c.PLURAL, backoff=2)
 @kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, backoff=2)
 def reconcile(body: kopf.Body, memo: kopf.Memo, reason: Any, **_: Any) -> None:
-    rec.reconcile(memo.api, dict(body), trigger=str(reason))
+    rec.reconcile(memo.api, dict(body), trigger=getattr(reason, "value", str(reason)))
 
 
 @kopf.timer(c.GROUP, c.VERSION, c.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)

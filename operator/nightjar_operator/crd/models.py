@@ -198,6 +198,8 @@ class NightjarDeploymentSpec(_Model):
     """Worker container image."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}})
+    pod_annotations: dict[str, Annotated[str, Field(max_length=4096)]] | None = None
+    """Extra annotations on the worker pods (e.g. for a service mesh); operator-set keys win."""
     vllm_args: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
         default_factory=list, max_length=100
     )

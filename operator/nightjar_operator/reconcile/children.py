@@ -236,6 +236,7 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
                 "metadata": {
                     "labels": pod_labels,
                     "annotations": {
+                        **(spec.pod_annotations or {}),
                         **pair,
                         c.ANN_ENGINE_HASH: engine_hash(spec),
                         "prometheus.io/scrape": "true",

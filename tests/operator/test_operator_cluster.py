@@ -1,0 +1,366 @@
+"""The operator against a real kube-apiserver (+ controller-manager, scheduler, node agent).
+
+Containers never run on this cluster: the node agent only reports pods Running/Ready, so these tests
+check what the operator and the real controllers do with the objects (children, status, scale,
+garbage collection, RBAC), not the worker process itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+from nightjar_operator import constants as c
+from nightjar_operator.handlers.k8s import Api, make_api_client
+from nightjar_operator.metrics import metrics
+from prometheus_client import REGISTRY
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "manifests/crds/nightjar.dev_nightjardeployments.yaml"
+RUN_ARGS = ["run", "--standalone", "--all-namespaces", "-m", "nightjar_operator.main"]
+
+
+def cr(name: str, **spec: Any) -> dict[str, Any]:
+    body = {
+        "target": {"name": "target-1", "source": {"imagePath": "/models/target-1"}},
+        "draft": {"name": "draft-1", "source": {"imagePath": "/models/draft-1"}},
+        "replicas": 2,
+        "image": "example.org/nightjar-worker:1",
+    }
+    body.update(spec)
+    return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name}, "spec": body}
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 30, what: str = "condition", interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == ctype:
+            return cond
+    return {}
+
+
+@pytest.fixture(scope="module")
+def crd(k8s):
+    k8s.kubectl("apply", "-f", str(CRD_FILE))
+    k8s.kubectl("wait", "--for=condition=Established", f"crd/{c.CRD_NAME}", "--timeout=30s")
+    return c.CRD_NAME
+
+
+@pytest.fixture
+def api(k8s) -> Api:
+    return Api(make_api_client(k8s.kubeconfig))
+
+
+class Cluster:
+    """Small helpers bound to one namespace."""
+
+    def __init__(self, k8s, api: Api, namespace: str) -> None:
+        self.k8s, self.api, self.ns = k8s, api, namespace
+
+    def apply(self, obj: dict[str, Any], **kw: Any) -> subprocess.CompletedProcess:
+        return self.k8s.kubectl("apply", "-n", self.ns, "-f", "-", input=yaml.safe_dump(obj), **kw)
+
+    def njd(self, name: str) -> dict[str, Any] | None:
+        return self.api.get(c.KIND, self.ns, name)
+
+    def child(self, kind: str, name: str) -> dict[str, Any] | None:
+        return self.api.get(kind, self.ns, name)
+
+    def patch(self, name: str, spec: dict[str, Any]) -> None:
+        self.k8s.kubectl("patch", "njd", name, "-n", self.ns, "--type", "merge", "-p", json.dumps({"spec": spec}))
+
+    def ready(self, name: str, generation: int | None = None, replicas: int | None = None) -> dict[str, Any] | None:
+        obj = self.njd(name)
+        st = (obj or {}).get("status") or {}
+        gen = generation if generation is not None else (obj or {}).get("metadata", {}).get("generation")
+        ok = condition(obj, "Ready").get("status") == "True" and st.get("observedGeneration") == gen
+        if replicas is not None:
+            ok = ok and st.get("readyReplicas") == replicas
+        return obj if ok else None
+
+    def wait_ready(self, name: str, timeout: float = 40, **kw: Any) -> dict[str, Any]:
+        return wait_for(lambda: self.ready(name, **kw), timeout, f"{name} Ready")
+
+    def listing(self, kind: str, selector: str) -> list[dict[str, Any]]:
+        path = self.api.path(kind, self.ns) if kind in ("Deployment", "Service", "ConfigMap") else None
+        if kind == "Pod":
+            path = f"/api/v1/namespaces/{self.ns}/pods"
+        if kind == "ReplicaSet":
+            path = f"/apis/apps/v1/namespaces/{self.ns}/replicasets"
+        assert path
+        return self.api.request("GET", path, query={"labelSelector": selector})["items"]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        items = self.api.request(
+            "GET", f"/api/v1/namespaces/{self.ns}/events", query={"fieldSelector": f"involvedObject.name={name}"}
+        )["items"]
+        return [e for e in items if e["involvedObject"]["kind"] == c.KIND]
+
+
+@pytest.fixture
+def cl(k8s, api, namespace, crd) -> Cluster:
+    return Cluster(k8s, api, namespace)
+
+
+def children_snapshot(cl: Cluster, name: str) -> dict[str, tuple[Any, ...]]:
+    dep = cl.child("Deployment", name)
+    svc = cl.child("Service", name)
+    cm = cl.child("ConfigMap", c.config_map_name(name))
+    assert dep and svc and cm
+    return {
+        "Deployment": (dep["metadata"]["generation"], json.dumps(dep["spec"], sort_keys=True)),
+        "Service": (svc["metadata"]["resourceVersion"],),
+        "ConfigMap": (cm["metadata"]["resourceVersion"],),
+    }
+
+
+def sample(metric: str, **labels: str) -> float:
+    metrics()  # make sure the collectors exist
+    return REGISTRY.get_sample_value(metric, labels) or 0.0
+
+
+def child_writes() -> dict[tuple[str, str], float]:
+    return {
+        (kind, action): sample("nightjar_operator_child_writes_total", kind=kind, action=action)
+        for kind in ("Deployment", "Service", "ConfigMap")
+        for action in ("create", "update")
+    }
+
+
+def assert_no_forbidden(output: str) -> None:
+    bad = [ln for ln in output.splitlines() if "403" in ln or "Forbidden" in ln or "forbidden" in ln]
+    assert not bad, "\n".join(bad[:10])
+
+
+# ------------------------------------------------------------------------------------------ tests
+def test_lifecycle_create_update_scale_delete(cl: Cluster):
+    name = "life"
+    with KopfRunner(RUN_ARGS, timeout=60) as runner:
+        cl.apply(cr(name))
+        obj = cl.wait_ready(name, replicas=2)
+        uid = obj["metadata"]["uid"]
+        st = obj["status"]
+        assert st["replicas"] == 2 and st["target"] == "target-1" and st["draft"] == "draft-1"
+        assert st["selector"] == f"app.kubernetes.io/name=nightjar-worker,nightjar.dev/deployment={name}"
+        assert {x["type"] for x in st["conditions"]} == {"Ready", "Progressing", "Degraded", "SLOMet"}
+        assert all(x["observedGeneration"] == obj["metadata"]["generation"] for x in st["conditions"])
+        for kind, child in (("Deployment", name), ("Service", name), ("ConfigMap", f"{name}-config")):
+            refs = cl.child(kind, child)["metadata"]["ownerReferences"]
+            assert [(r["kind"], r["uid"], r["controller"]) for r in refs] == [(c.KIND, uid, True)], kind
+        pods = cl.listing("Pod", f"nightjar.dev/deployment={name}")
+        assert len(pods) == 2
+        svc = cl.child("Service", name)
+        assert svc["spec"]["ports"][0]["port"] == 8000
+
+        # Printer columns.
+        out = cl.k8s.kubectl("get", "njd", name, "-n", cl.ns).stdout
+        header, row = out.splitlines()[:2]
+        assert header.split() == ["NAME", "READY", "REPLICAS", "TARGET", "DRAFT", "AGE"]
+        assert row.split()[:5] == [name, "True", "2", "target-1", "draft-1"]
+
+        # Update image.
+        cl.patch(name, {"image": "example.org/nightjar-worker:2"})
+        cl.wait_ready(name, replicas=2)
+        dep = cl.child("Deployment", name)
+        assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "example.org/nightjar-worker:2"
+
+        # Update the model pair: args, pod annotations and status follow.
+        cl.patch(name, {"target": {"name": "target-2", "source": {"imagePath": "/models/target-2"}},
+                        "draft": {"name": "draft-2", "source": {"uri": "hf://org/draft-2"}, "revision": "r1"}})
+        obj = cl.wait_ready(name, replicas=2)
+        args = cl.child("Deployment", name)["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--model") + 1] == "/models/target-2"
+        assert args[args.index("--draft") + 1] == "org/draft-2"
+        assert (obj["status"]["target"], obj["status"]["draft"]) == ("target-2", "draft-2")
+
+        # Update replicas through the spec, then through the scale subresource.
+        cl.patch(name, {"replicas": 1})
+        cl.wait_ready(name, replicas=1)
+        assert cl.child("Deployment", name)["spec"]["replicas"] == 1
+        cl.k8s.kubectl("scale", "njd", name, "-n", cl.ns, "--replicas=3")
+        cl.wait_ready(name, replicas=3)
+        assert cl.child("Deployment", name)["spec"]["replicas"] == 3
+        scale = cl.api.request("GET", cl.api.path(c.KIND, cl.ns, name, "scale"))
+        assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+        assert scale["status"]["selector"] == obj["status"]["selector"]
+
+        # Drift: a hand edit of the Deployment is reverted (child event -> reconcile).
+        cl.k8s.kubectl("scale", "deployment", name, "-n", cl.ns, "--replicas=5")
+        wait_for(lambda: cl.child("Deployment", name)["spec"]["replicas"] == 3, 20, "drift repaired")
+
+        reasons = {e["reason"] for e in cl.events(name)}
+        assert {"Created", "Updated", "Ready"} <= reasons, reasons
+
+        # Delete: the garbage collector (controller-manager) removes every child via ownerReferences.
+        cl.k8s.kubectl("delete", "njd", name, "-n", cl.ns, "--wait=true")
+
+        def gone() -> bool:
+            left = [cl.child("Deployment", name), cl.child("Service", name), cl.child("ConfigMap", f"{name}-config")]
+            return all(x is None for x in left) and not cl.listing("Pod", f"nightjar.dev/deployment={name}")
+
+        wait_for(gone, 40, "children garbage-collected")
+    assert runner.exit_code == 0
+    assert "Traceback" not in runner.output, runner.output[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"speculation": {"maxGamma": 99}}, "spec.speculation.maxGamma"),
+        ({"slo": {"tpotP95Ms": "fast"}}, "spec.slo.tpotP95Ms"),
+        ({"slo": {"attainment": 1.5}}, "spec.slo.attainment"),
+        ({"replicas": -1}, "spec.replicas"),
+        ({"speculation": {"offload": {"policy": "Sometimes"}}}, "spec.speculation.offload.policy"),
+        ({"target": {"name": "t", "source": {"imagePath": "/a", "uri": "hf://a/b"}}}, "spec.target.source"),
+        ({"draft": {"name": "d", "source": {"imagePath": "relative/path"}}}, "spec.draft.source.imagePath"),
+        ({"resources": {"requests": {"memory": "lots"}}}, "spec.resources.requests.memory"),
+    ],
+)
+def test_schema_violations_rejected_by_apiserver(cl: Cluster, spec, field):
+    proc = cl.apply(cr("bad", **spec), check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert field in proc.stderr, proc.stderr
+    assert cl.njd("bad") is None
+
+
+def test_missing_required_field_rejected(cl: Cluster):
+    body = cr("bad")
+    del body["spec"]["draft"]
+    proc = cl.apply(body, check=False)
+    assert proc.returncode != 0 and "spec.draft" in proc.stderr, proc.stderr
+
+
+def test_invalid_spec_reported_and_children_untouched(cl: Cluster):
+    name = "sem"
+    with KopfRunner(RUN_ARGS, timeout=60) as runner:
+        cl.apply(cr(name))
+        cl.wait_ready(name, replicas=2)
+        before = children_snapshot(cl, name)
+
+        cl.patch(name, {"draft": {"name": "draft-1", "source": {"imagePath": "/models/target-1"}}})
+
+        def invalid(field: str) -> dict[str, Any] | None:
+            obj = cl.njd(name)
+            ready = condition(obj, "Ready")
+            ok = (
+                ready.get("reason") == "InvalidSpec"
+                and field in ready.get("message", "")
+                and ready.get("observedGeneration") == obj["metadata"]["generation"]
+            )
+            return obj if ok else None
+
+        obj = wait_for(lambda: invalid("spec.draft.source"), 20, "InvalidSpec naming spec.draft.source")
+        assert condition(obj, "Ready")["status"] == "False"
+        assert obj["status"]["readyReplicas"] == 2  # the old workers keep serving
+        cl.patch(name, {"draft": {"name": "draft-1", "source": {"imagePath": "/models/draft-1"}},
+                        "speculation": {"maxGamma": 4, "arms": [0, 2, 9]}})
+        wait_for(lambda: invalid("spec.speculation.arms[2]"), 20, "InvalidSpec naming the unknown arm")
+        cl.patch(name, {"speculation": {"maxGamma": 40, "arms": None}})
+        wait_for(lambda: invalid("spec.speculation.maxGamma"), 20, "InvalidSpec naming maxGamma")
+        assert children_snapshot(cl, name) == before
+        assert any(e["reason"] == "InvalidSpec" and e["type"] == "Warning" for e in cl.events(name))
+
+        # Fixing the spec resumes reconciling.
+        cl.patch(name, {"speculation": {"maxGamma": 6}})
+        cl.wait_ready(name, replicas=2)
+        assert children_snapshot(cl, name)["Deployment"] != before["Deployment"]  # K changed: pods roll
+    assert "Traceback" not in runner.output, runner.output[-3000:]
+
+
+def _count_children(cl: Cluster, name: str) -> dict[str, int]:
+    sel = f"nightjar.dev/deployment={name}"
+    return {kind: len(cl.listing(kind, sel)) for kind in ("Deployment", "Service", "ConfigMap", "ReplicaSet")}
+
+
+def test_killed_mid_reconcile_restart_converges(cl: Cluster, k8s):
+    name = "crash"
+    env = {**k8s.env, "NIGHTJAR_OPERATOR_FAULT_PAUSE_AFTER": "Deployment", "NIGHTJAR_OPERATOR_FAULT_PAUSE_SECONDS": "120"}
+    log = open(k8s.log_dir / f"operator-{cl.ns}.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nightjar_operator.cli", "run", "-n", cl.ns, "--metrics-port", "0"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        cl.apply(cr(name))
+        wait_for(lambda: cl.child("Deployment", name), 40, "Deployment created by the first operator")
+        time.sleep(0.5)
+        assert cl.child("Service", name) is None  # paused mid-reconcile: the Service is not there yet
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        log.close()
+    assert condition(cl.njd(name), "Ready").get("status") != "True"
+
+    with KopfRunner(RUN_ARGS, timeout=60) as runner:
+        cl.wait_ready(name, replicas=2)
+        assert _count_children(cl, name) == {"Deployment": 1, "Service": 1, "ConfigMap": 1, "ReplicaSet": 1}
+        assert len(cl.listing("Pod", f"nightjar.dev/deployment={name}")) == 2
+        uid = cl.njd(name)["metadata"]["uid"]
+        for kind, child in (("Deployment", name), ("Service", name), ("ConfigMap", f"{name}-config")):
+            assert [r["uid"] for r in cl.child(kind, child)["metadata"]["ownerReferences"]] == [uid]
+    assert "Traceback" not in runner.output, runner.output[-3000:]
+
+    # A second operator start (resume) on a converged object writes nothing.
+    snap = children_snapshot(cl, name)
+    before = child_writes()
+    resumes = sample("nightjar_operator_reconciles_total", trigger="resume", result="ok")
+    with KopfRunner(RUN_ARGS, timeout=60):
+        wait_for(lambda: sample("nightjar_operator_reconciles_total", trigger="resume", result="ok") > resumes,
+                 20, "resume reconcile")  # fmt: skip
+        time.sleep(2)
+    assert child_writes() == before
+    assert children_snapshot(cl, name) == snap
+
+
+def test_least_privilege_service_account(cl: Cluster, k8s, monkeypatch):
+    """Run the operator with the token of a ServiceAccount bound to manifests/rbac: no 403 anywhere."""
+    sa = "nightjar-operator"
+    binding = f"nightjar-operator-{cl.ns}"
+    docs = [yaml.safe_load((ROOT / "manifests/rbac" / f).read_text()) for f in
+            ("service_account.yaml", "cluster_role.yaml", "cluster_role_binding.yaml")]  # fmt: skip
+    sa_doc, role, bind = docs
+    sa_doc["metadata"]["namespace"] = cl.ns
+    role["metadata"]["name"] = binding
+    bind["metadata"]["name"] = binding
+    bind["roleRef"]["name"] = binding
+    bind["subjects"][0]["namespace"] = cl.ns
+    k8s.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([sa_doc, role, bind]))
+    try:
+        kubeconfig = k8s.serviceaccount_kubeconfig(cl.ns, sa)
+        # The token really is least-privileged: it cannot read Secrets.
+        denied = k8s.kubectl("get", "secrets", "-n", cl.ns, kubeconfig=kubeconfig, check=False)
+        assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
+        monkeypatch.setenv("KUBECONFIG", kubeconfig)
+        name = "rbac"
+        with KopfRunner(RUN_ARGS, timeout=60) as runner:
+            cl.apply(cr(name))
+            cl.wait_ready(name, replicas=2)
+            cl.patch(name, {"replicas": 1, "image": "example.org/nightjar-worker:3"})
+            cl.wait_ready(name, replicas=1)
+            assert {"Created", "Updated"} <= {e["reason"] for e in cl.events(name)}
+        assert_no_forbidden(runner.output)
+        assert "Traceback" not in runner.output, runner.output[-3000:]
+    finally:
+        k8s.kubectl("delete", "clusterrolebinding,clusterrole", binding, "--ignore-not-found")
