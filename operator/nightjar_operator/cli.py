@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -19,8 +18,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.metrics_port is not None:
         os.environ["NIGHTJAR_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    kopf.configure(verbose=args.verbose)
+    kopf.configure(verbose=args.verbose)  # kopf's logging setup (our loggers propagate to it)
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,

@@ -123,3 +123,23 @@ def test_maps_translate_to_additional_properties():
 
     out = s.model_schema(WithMap)
     assert out["properties"]["labels"] == {"type": "object", "additionalProperties": {"type": "string"}}
+
+
+def test_cli_prints_the_crd(tmp_path, capsys):
+    from nightjar_operator.cli import main
+
+    assert main(["crd"]) == 0
+    assert capsys.readouterr().out == s.crd_yaml()
+    out = tmp_path / "crd.yaml"
+    assert main(["crd", "-o", str(out)]) == 0
+    assert out.read_text() == s.crd_yaml()
+
+
+def test_operator_metrics_are_prefixed_and_unit_named():
+    from nightjar_operator.metrics import metrics
+    from prometheus_client import REGISTRY
+
+    metrics()
+    names = {m.name for m in REGISTRY.collect() if m.name.startswith("nightjar_operator_")}
+    assert {"nightjar_operator_reconciles", "nightjar_operator_reconcile_errors",
+            "nightjar_operator_reconcile_duration_seconds", "nightjar_operator_child_writes"} <= names  # fmt: skip
