@@ -266,7 +266,8 @@ def push_priors(api: Api, namespace: str, cm_name: str, stats: FleetStats, spec:
     Returns (written, number of entries). Optimistic concurrency: a 409 waits for the next tick."""
     from kubernetes.client.exceptions import ApiException
     from nightjar_worker.planner.config import PlannerPriors
-    from nightjar_worker.runtime_config import parse_runtime_config
+
+    from nightjar_operator.reconcile.config import render_runtime_config
 
     if not stats.planner:
         return False, 0
@@ -292,12 +293,9 @@ def push_priors(api: Api, namespace: str, cm_name: str, stats: FleetStats, spec:
             old = None
     if priors_equal(old, new):
         return False, len(new.entries)
-    doc["priors"] = new.model_dump(mode="json")
-    parse_runtime_config(doc)  # never write what the worker would reject (raises naming the field)
-    body = {
-        "metadata": {"resourceVersion": cm["metadata"]["resourceVersion"]},
-        "data": {c.CONFIG_KEY: yaml.safe_dump(doc, sort_keys=False)},
-    }
+    # Same rendering as the reconcile's (which carries live priors over), so neither rewrites the other.
+    text_new = render_runtime_config(spec, new.model_dump(mode="json"))
+    body = {"metadata": {"resourceVersion": cm["metadata"]["resourceVersion"]}, "data": {c.CONFIG_KEY: text_new}}
     try:
         api.request("PATCH", api.path("ConfigMap", namespace, cm_name), body, content_type="application/merge-patch+json")
     except ApiException as e:
@@ -389,12 +387,6 @@ def tick(api: Api, body: dict[str, Any], memo: Any, patch: Any, logger: Any = No
         )
     if not targets:
         msg += "; no running worker pods"
-    status = body.get("status") or {}
-    conds = [dict(x) for x in status.get("conditions") or []]
-    new_conds = set_condition(conds, c.COND_SLO_MET, ev.status, ev.reason, msg[:4000], meta.get("generation"), now_iso())
-    old_c, new_c = get_condition(conds, c.COND_SLO_MET) or {}, get_condition(new_conds, c.COND_SLO_MET) or {}
-    if {k: v for k, v in old_c.items() if k != "lastTransitionTime"} != {k: v for k, v in new_c.items() if k != "lastTransitionTime"}:
-        patch.status["conditions"] = new_conds
     m["attainment"].labels(*lbl).set(ev.attainment if ev.attainment is not None else float("nan"))
     m["slo_met"].labels(*lbl).set({"True": 1, "False": 0}.get(ev.status, -1))
     m["ttft_p95"].labels(*lbl).set(ev.ttft_p95_s if ev.ttft_p95_s is not None else float("nan"))
@@ -418,9 +410,20 @@ def tick(api: Api, body: dict[str, Any], memo: Any, patch: Any, logger: Any = No
         "draftStates": fleet_all.draft_states,
         "priorsEntries": pushed.get(c.TRACK_STABLE, 0),
     }
-    old_fleet = {k: v for k, v in (status.get("fleet") or {}).items() if k != "lastScrapeTime"}
-    if old_fleet != fleet_status:
-        patch.status["fleet"] = {**fleet_status, "lastScrapeTime": now_iso()}
+    gen = meta.get("generation")
+
+    def fields(old: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        conds = [dict(x) for x in old.get("conditions") or []]
+        new_conds = set_condition(conds, c.COND_SLO_MET, ev.status, ev.reason, msg[:4000], gen, now_iso())
+        if get_condition(conds, c.COND_SLO_MET) != get_condition(new_conds, c.COND_SLO_MET):
+            out["conditions"] = new_conds
+        old_fleet = {k: v for k, v in (old.get("fleet") or {}).items() if k != "lastScrapeTime"}
+        if old_fleet != fleet_status:
+            out["fleet"] = {**fleet_status, "lastScrapeTime": now_iso()}
+        return out
+
+    rollout_handler.patch_status(api, namespace, name, meta["uid"], fields)
 
     # 5. rollout
     rollout_handler.tick(api, body, spec, current, by_uid, fm, patch, now, logger or log)
