@@ -28,7 +28,9 @@ manifests: crds chart-crds dashboards manifests-render ## render manifests/ (pla
 manifests-render:
 	mkdir -p $(MANIFESTS_DIR)/rbac $(MANIFESTS_DIR)/monitoring
 	printf '# Rendered by `make manifests` (do not edit).\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' $(MANIFESTS_NS) > $(MANIFESTS_DIR)/namespace.yaml
-	$(HELM_RENDER) -s templates/serviceaccount.yaml -s templates/rbac.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/rbac/nightjar-operator.yaml
+	$(HELM_RENDER) -s templates/serviceaccount.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/rbac/service_account.yaml
+	$(HELM_RENDER) -s templates/clusterrole.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/rbac/cluster_role.yaml
+	$(HELM_RENDER) -s templates/clusterrolebinding.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/rbac/cluster_role_binding.yaml
 	$(HELM_RENDER) -s templates/deployment.yaml -s templates/service.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/operator.yaml
 	$(HELM_RENDER) -s templates/dashboards.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit). Grafana dashboards for the sidecar.' > $(MANIFESTS_DIR)/monitoring/grafana-dashboards.yaml
 	$(HELM_RENDER) --api-versions monitoring.coreos.com/v1 -s templates/servicemonitor.yaml -s templates/podmonitor.yaml -s templates/prometheusrule.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit). Needs the Prometheus Operator CRDs.' > $(MANIFESTS_DIR)/monitoring/prometheus-operator.yaml

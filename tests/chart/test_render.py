@@ -41,8 +41,8 @@ def test_pods_non_root_read_only(helm, values):
 def test_defaults_render_expected_objects(helm):
     objs = render(helm)
     assert objs.kinds() == sorted([
-        "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Service",
-        "Deployment", "ConfigMap", "CustomResourceDefinition", "Pod",
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "ConfigMap",
+        "CustomResourceDefinition", "Pod",
     ])
     dep = objs.one("Deployment", "nightjar-operator")
     spec = dep["spec"]["template"]["spec"]
@@ -57,10 +57,10 @@ def test_defaults_render_expected_objects(helm):
     svc = objs.one("Service", "nightjar-operator-metrics")
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
-    # Cluster-wide bindings of both roles to the chart's ServiceAccount.
-    for crb in objs.of("ClusterRoleBinding"):
-        assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "nightjar-operator", "namespace": "nightjar-system"}]
-    assert {crb["roleRef"]["name"] for crb in objs.of("ClusterRoleBinding")} == {"nightjar-operator", "nightjar-operator-cluster"}
+    # All namespaces: the one role bound cluster-wide to the chart's ServiceAccount.
+    crb = objs.one("ClusterRoleBinding")
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "nightjar-operator", "namespace": "nightjar-system"}]
+    assert crb["roleRef"]["name"] == objs.one("ClusterRole")["metadata"]["name"] == "nightjar-operator"
 
 
 def test_rbac_is_least_privilege(helm):
@@ -70,6 +70,7 @@ def test_rbac_is_least_privilege(helm):
     assert not any("*" in t for t in allowed), "no wildcards"
     # What the operator needs ...
     for need in [("nightjar.dev", "nightjardeployments", "watch"), ("nightjar.dev", "nightjardeployments/status", "patch"),
+                 ("nightjar.dev", "nightjardeployments/finalizers", "update"),
                  ("apps", "deployments", "create"), ("", "services", "update"), ("", "configmaps", "create"),
                  ("", "pods", "list"), ("", "events", "create"),
                  ("apiextensions.k8s.io", "customresourcedefinitions", "list")]:
@@ -91,8 +92,13 @@ def test_namespaced_values(helm):
     assert sorted(rb["metadata"]["namespace"] for rb in rbs) == ["team-a", "team-b"]
     assert all(rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "nightjar-operator"}
                for rb in rbs)
-    # Only the cluster-scoped reads stay bound cluster-wide.
+    # Only the cluster-scoped CRD read stays bound cluster-wide.
     assert [crb["roleRef"]["name"] for crb in objs.of("ClusterRoleBinding")] == ["nightjar-operator-cluster"]
+    cluster_rules = objs.one("ClusterRole", "nightjar-operator-cluster")["rules"]
+    assert cluster_rules == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                              "verbs": ["get", "list", "watch"]}]
+    ns_rules = objs.one("ClusterRole", "nightjar-operator")["rules"]
+    assert ns_rules + cluster_rules == render(helm).one("ClusterRole")["rules"]
     test_pod = objs.one("Pod")
     assert test_pod["spec"]["containers"][0]["args"][0] == "http://llama-70b.team-a.svc:8000/v1/models"
 
@@ -203,7 +209,6 @@ def test_manifests_match_chart(helm, tmp_path):
         checked_in = ROOT / "manifests" / rel
         assert checked_in.exists(), f"manifests/{rel} missing: run `make manifests`"
         assert checked_in.read_text() == (tmp_path / rel).read_text(), f"manifests/{rel} is stale: run `make manifests`"
-    # The plain RBAC is the chart's (one source of truth for the operator's permissions).
-    rbac = [d for d in yaml.safe_load_all((ROOT / "manifests/rbac/nightjar-operator.yaml").read_text()) if d]
-    chart_rbac = render(helm, sets=["crds.install=false"])
-    assert [r for r in rbac if r["kind"] == "ClusterRole"] == chart_rbac.of("ClusterRole")
+    # The plain RBAC (manifests/rbac/, used by the operator's own least-privilege test) is the chart's.
+    role = yaml.safe_load((ROOT / "manifests/rbac/cluster_role.yaml").read_text())
+    assert role["rules"] == render(helm).one("ClusterRole")["rules"]
