@@ -35,20 +35,14 @@ from pathlib import Path
 
 NIGHTJAR_SCHEDULER = "nightjar_worker.engine.scheduler.NightjarScheduler"
 ADMIN_MIDDLEWARE = "nightjar_worker.admin.AdminMiddleware"
-MODELS_DIR = Path(os.environ.get("NIGHTJAR_MODELS_DIR", Path.home() / ".cache" / "nightjar" / "models"))
 
 
 def bundled_pair() -> tuple[Path, Path]:
-    """(target, draft) directories of the bundled CPU pair built by ``make models``."""
-    try:  # the engine area owns the pair's layout; fall back to the documented default
-        from nightjar_worker.engine.models import bundled_pair as _bp  # type: ignore[import-not-found]
+    """(target, draft) directories of the bundled CPU pair built by ``make models`` (engine area)."""
+    from nightjar_worker.models import bundled_pair as _bp
 
-        t, d = _bp()
-        return Path(t), Path(d)
-    except ImportError:
-        pass
-    env_t, env_d = os.environ.get("NIGHTJAR_MODEL"), os.environ.get("NIGHTJAR_DRAFT")
-    return Path(env_t or MODELS_DIR / "target"), Path(env_d or MODELS_DIR / "draft")
+    t, d = _bp()
+    return Path(t), Path(d)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,11 +61,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-speculative-tokens", type=int, default=None,
                    help="K drafted per step (default: planner.max_gamma of the runtime config)")
     p.add_argument("--spec-per-batch-size", default=None,
-                   help="JSON {batch_size: k}: vLLM's num_speculative_tokens_per_batch_size (with --scheduler vllm)")
+                   help="vLLM's num_speculative_tokens_per_batch_size (with --scheduler vllm): JSON "
+                   "[[start, end, k], ...] (inclusive ranges, vLLM's format) or {batch_size: k} (from that size on)")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--kv-cache-gib", type=float, default=None,
                    help="VLLM_CPU_KVCACHE_SPACE in GiB (CPU backend; default 2 unless already set)")
     return p
+
+
+def parse_spec_table(obj: object) -> list[list[int]]:
+    """vLLM 0.32's schedule format ``[[start, end, k], ...]``; a ``{batch: k}`` mapping (k from that
+    batch size up to the next key) is converted to it."""
+    if isinstance(obj, dict):
+        try:
+            items = sorted((int(b), int(k)) for b, k in obj.items())
+        except (TypeError, ValueError):
+            raise ValueError("expected integer batch sizes and k values") from None
+        if not items or items[0][0] != 1:
+            raise ValueError("the table must start at batch size 1")
+        return [[b, (items[i + 1][0] - 1) if i + 1 < len(items) else 1 << 20, k] for i, (b, k) in enumerate(items)]
+    if isinstance(obj, list) and all(isinstance(e, list | tuple) and len(e) == 3 for e in obj) and obj:
+        return [[int(a), int(b), int(k)] for a, b, k in obj]
+    raise ValueError("expected [[start, end, k], ...] or {batch_size: k}")
 
 
 def _default_config_path(state_dir: str) -> str:
@@ -139,11 +150,11 @@ def vllm_argv(args: argparse.Namespace, passthrough: Sequence[str]) -> list[str]
             if args.scheduler != "vllm":
                 raise SystemExit("--spec-per-batch-size: only with --scheduler vllm (Nightjar decides per step)")
             try:
-                table = {int(b): int(g) for b, g in json.loads(args.spec_per_batch_size).items()}
-            except (ValueError, AttributeError) as e:
-                raise SystemExit(f"--spec-per-batch-size: expected a JSON object {{batch: k}}: {e}") from None
+                table = parse_spec_table(json.loads(args.spec_per_batch_size))
+            except ValueError as e:
+                raise SystemExit(f"--spec-per-batch-size: {e}") from None
             spec["num_speculative_tokens_per_batch_size"] = table
-            spec["num_speculative_tokens"] = max(table.values())
+            spec["num_speculative_tokens"] = max(1, max(k for _, _, k in table))
         argv += ["--speculative-config", json.dumps(spec)]
     elif args.spec_per_batch_size:
         raise SystemExit("--spec-per-batch-size: needs a draft")

@@ -1,0 +1,13 @@
+# Serving area: the worker's API server, the demo and the serving benchmark (see docs/serving.md).
+.PHONY: serve demo bench-serve
+
+PORT ?= 8000
+
+serve: install models ## run the worker (Nightjar scheduler, bundled pair) on $(PORT)
+	$(VENV)/bin/nightjar-worker serve --port $(PORT)
+
+demo: install models ## low -> high -> low load on the bundled pair; live gamma/batch/throughput, plot under benchmarks/results/demo
+	$(PY) -m nightjar_worker.demo
+
+bench-serve: install models ## every policy under closed-loop load on the real server (QUICK=1: c=1 and saturation)
+	$(PY) -m benchmarks.bench_serve
