@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 
 from nightjar_operator import constants as c
+from nightjar_operator.handlers import fleet as fleet_loop
 from nightjar_operator.handlers import reconcile as rec
 from nightjar_operator.handlers import settings as cfg
 from nightjar_operator.metrics import metrics
@@ -35,6 +36,12 @@ def reconcile(body: kopf.Body, memo: kopf.Memo, reason: Any, **_: Any) -> None:
 @kopf.timer(c.GROUP, c.VERSION, c.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 def resync(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rec.reconcile(memo.api, dict(body), trigger="resync")
+
+
+@kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, cancellation_timeout=10)
+def fleet(name: str, namespace: str, memo: kopf.Memo, stopped: Any, logger: Any, **_: Any) -> None:
+    # Scrape workers, push priors, SLOMet, rollout (handlers/fleet.py, handlers/rollout.py).
+    fleet_loop.run(memo.api, namespace, name, memo, stopped, logger)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)

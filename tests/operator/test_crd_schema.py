@@ -41,7 +41,7 @@ def test_crd_names_scope_and_subresources():
     }
     assert "status" in version["subresources"]
     shown = [col["name"] for col in version["additionalPrinterColumns"] if not col.get("priority")]
-    assert shown == ["Ready", "Replicas", "Target", "Draft", "Age"]
+    assert shown == ["Ready", "Replicas", "Target", "Draft", "Stable", "Candidate", "Age"]
 
 
 def test_schema_is_structural():
@@ -57,7 +57,7 @@ def test_schema_is_structural():
             assert set(branch) == {"required"}, path
     # preserve-unknown-fields only where the rollout loop owns the shape.
     preserved = [p for p, n in _walk(root) if n.get("x-kubernetes-preserve-unknown-fields")]
-    assert preserved == ["<root>.status.stable", "<root>.status.candidate", "<root>.status.fleet"]
+    assert preserved == ["<root>.status.stable", "<root>.status.candidate", "<root>.status.fleet", "<root>.status.rollout"]
 
 
 def test_schema_carries_validations():

@@ -241,6 +241,14 @@ class FleetStatus(_Model):
     observed_at: str | None = Field(None, json_schema_extra={"format": "date-time"})
 
 
+class RolloutStatus(_Model):
+    """State of the model-pair rollout (revisions, step, window, last decision); owned by the rollout loop."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+    phase: str | None = None
+
+
 class NightjarDeploymentStatus(_Model):
     """Observed state, computed from what the cluster shows."""
 
@@ -263,3 +271,4 @@ class NightjarDeploymentStatus(_Model):
     stable: ModelPairStatus | None = None
     candidate: ModelPairStatus | None = None
     fleet: FleetStatus | None = None
+    rollout: RolloutStatus | None = None

@@ -168,6 +168,10 @@ PRINTER_COLUMNS = [
     {"name": "Target", "type": "string", "jsonPath": ".spec.target.name"},
     {"name": "Draft", "type": "string", "jsonPath": ".spec.draft.name"},
     {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason', "priority": 1},
+    {"name": "Stable", "type": "string", "jsonPath": ".status.stable.pair"},
+    {"name": "Candidate", "type": "string", "jsonPath": ".status.candidate.pair"},
+    {"name": "Weight", "type": "integer", "jsonPath": ".status.candidate.weight", "priority": 1},
+    {"name": "SLO", "type": "string", "jsonPath": '.status.conditions[?(@.type=="SLOMet")].status', "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -312,16 +312,34 @@ def _fmt_s(v: float | None) -> float | None:
     return None if v is None else round(v * 1000.0, 2)
 
 
-def tick(api: Api, body: dict[str, Any], memo: Any, patch: Any, logger: Any = None, now: float | None = None) -> None:
-    """One round of the fleet loop for one NightjarDeployment (see the module docstring)."""
+def run(api: Api, namespace: str, name: str, memo: Any, stopped: Any, logger: Any = None) -> None:
+    """The per-object kopf daemon: a tick every ``interval_s`` until the object goes away or the
+    operator stops. A daemon (not a timer) because kopf logs and posts an event for every timer run,
+    and because the interval is read from the environment on every round."""
+    logger = logger or log
+    while not stopped:
+        try:
+            settings = FleetSettings.from_env()
+            body = api.get(c.KIND, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            tick(api, body, memo, logger, settings=settings)
+        except Exception as e:  # noqa: BLE001 - the loop must survive anything; next round retries
+            logger.warning("fleet: tick failed: %s: %s", type(e).__name__, e)
+            settings = FleetSettings()
+        stopped.wait(settings.interval_s)
+
+
+def tick(api: Api, body: dict[str, Any], memo: Any, logger: Any = None, now: float | None = None,
+         settings: FleetSettings | None = None) -> None:
+    """One round of the fleet loop for one NightjarDeployment (see the module docstring). ``body``
+    must be fresh (the rollout state in its status is read from it)."""
     from nightjar_operator.handlers import rollout as rollout_handler
     from nightjar_operator.reconcile.validate import parse_spec
 
-    settings = FleetSettings.from_env()
+    settings = settings or FleetSettings.from_env()
     fm = memo_of(memo)
     now = time.time() if now is None else now
-    if now - fm.last_tick < settings.interval_s * 0.95:
-        return
     fm.last_tick = now
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
@@ -426,4 +444,4 @@ def tick(api: Api, body: dict[str, Any], memo: Any, patch: Any, logger: Any = No
     rollout_handler.patch_status(api, namespace, name, meta["uid"], fields)
 
     # 5. rollout
-    rollout_handler.tick(api, body, spec, current, by_uid, fm, patch, now, logger or log)
+    rollout_handler.tick(api, body, spec, current, by_uid, fm, now, logger or log)

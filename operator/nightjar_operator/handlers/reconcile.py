@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from nightjar_operator import constants as c
 from nightjar_operator.handlers.k8s import Api, api_error_reason
+from nightjar_operator.handlers.rollout import stable_spec
 from nightjar_operator.metrics import metrics
 from nightjar_operator.reconcile.children import Owner, desired_children
 from nightjar_operator.reconcile.config import live_priors
@@ -128,6 +129,8 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
                 result = "invalid"
             else:
                 assert spec is not None
+                # During a model-pair rollout the stable Deployment keeps the stable pair and share.
+                spec = stable_spec(spec, body.get("status"))
                 cm = live["ConfigMap"]
                 priors = live_priors(((cm or {}).get("data") or {}).get(c.CONFIG_KEY)) if cm else None
                 for desired in desired_children(owner, spec, priors):

@@ -237,7 +237,7 @@ def _window_key(s: RolloutState) -> tuple | None:
 
 
 def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: dict[str, PodMetrics],
-         targets: dict[str, Any], fm: Any, patch: Any, now: float, logger: Any = None) -> Plan:
+         targets: dict[str, Any], fm: Any, now: float, logger: Any = None) -> Plan:
     """One rollout round (see the module docstring). ``targets``: pod uid -> PodTarget (track)."""
     from nightjar_operator.handlers.fleet import op_metrics
 
