@@ -193,3 +193,18 @@ def has_data(data: dict[str, Any]) -> bool:
     if data["resultType"] == "scalar":
         return res[1] not in ("NaN", "+Inf", "-Inf")
     return any(s["value"][1] not in ("NaN", "+Inf", "-Inf") for s in res)
+
+
+def base_metrics(expr: str, _depth: int = 0) -> set[str]:
+    """Raw metric names an expression depends on, recording rules resolved to their sources."""
+    by_record: dict[str, list[str]] = {}
+    for r in recording_rules():
+        by_record.setdefault(r["record"], []).append(r["expr"])
+    out: set[str] = set()
+    for n in metric_names(expr):
+        if n in by_record and _depth < 10:
+            for e in by_record[n]:
+                out |= base_metrics(e, _depth + 1)
+        else:
+            out.add(n)
+    return out
