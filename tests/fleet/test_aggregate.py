@@ -94,3 +94,10 @@ def test_empty_and_partial_scrapes():
     st = aggregate({"x": extract(parse("up 1\n"), 0.0)})
     assert st.pods == 1 and st.planner == {} and st.ttft is None and st.requests == 0
     assert aggregate({}).pods == 0
+
+
+def test_window_of_a_pod_first_seen_now_is_empty():
+    p = extract(parse(pod_doc()), ts=5.0)
+    w = window(p, p)
+    assert w.window_s == 0 and w.generation_tokens == 0 and w.ttft.observations == 0
+    assert aggregate({"p": w}).throughput_tok_s is None

@@ -128,3 +128,17 @@ def test_restart_safe_roundtrip_through_status():
     assert p3.state.step == 1  # the restarted window is not over yet
     p4 = plan(s3, rev("b"), 4, STEPS, W, 161.0, good(), GATE)
     assert p4.state.step == 2
+
+
+def test_merge_patch_deletes_and_diffs():
+    from nightjar_operator.fleet.rollout import merge_patch
+
+    old = {"phase": "Progressing", "candidate": {"revision": "b", "label": "x"}, "step": 1}
+    new = {"phase": "Stable", "step": 1, "stable": {"revision": "b"}}
+    assert merge_patch(old, new) == {"candidate": None, "phase": "Stable", "stable": {"revision": "b"}}
+    assert merge_patch(new, new) is None
+    assert merge_patch({"a": {"b": 1, "c": 2}}, {"a": {"b": 1}}) == {"a": {"c": None}}
+    # to_status leaves out nulls, so a finished rollout's patch removes the candidate
+    s = start()
+    done = RolloutState(stable=s.candidate)
+    assert merge_patch(s.to_status(), done.to_status())["candidate"] is None

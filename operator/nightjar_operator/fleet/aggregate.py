@@ -137,9 +137,11 @@ def _counter_delta(cur: Mapping[int, float], prev: Mapping[int, float]) -> dict[
 
 def window(prev: PodMetrics | None, cur: PodMetrics) -> PodMetrics:
     """Counters and histograms of ``cur`` as deltas since ``prev`` (same pod). Without ``prev``
-    the cumulative values are returned and ``window_s`` stays None (no rate can be computed)."""
-    if prev is None or prev.ts >= cur.ts:
+    the cumulative values are returned and ``window_s`` stays None (no rate can be computed);
+    ``prev`` from the same scrape gives an empty window (``window_s`` 0, no rate)."""
+    if prev is None or prev.ts > cur.ts:
         return cur
+    # prev.ts == cur.ts (a pod first seen in this very scrape) gives an empty window.
     gen = None
     if cur.generation_tokens is not None:
         p = prev.generation_tokens or 0.0

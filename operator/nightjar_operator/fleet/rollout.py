@@ -70,7 +70,8 @@ class RolloutState(BaseModel):
         return cls.model_validate(d) if d else None
 
     def to_status(self) -> dict:
-        return self.model_dump(by_alias=True, mode="json")
+        """camelCase, without null fields (``merge_patch`` turns removals into nulls)."""
+        return self.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 @dataclass(frozen=True)
@@ -243,3 +244,23 @@ def per_pod(total: float | None, pods: int) -> float | None:
     if total is None or pods <= 0 or math.isnan(total):
         return None
     return total / pods
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """RFC 7386 merge patch turning ``old`` into ``new`` (None when nothing changes): keys missing
+    from ``new`` become null (deleted), nested objects are diffed, lists/scalars are replaced."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return None if old == new else new
+    out: dict[str, Any] = {}
+    for k in old.keys() - new.keys():
+        out[k] = None
+    for k, v in new.items():
+        if k not in old:
+            out[k] = v
+        elif isinstance(v, dict) and isinstance(old[k], dict):
+            sub = merge_patch(old[k], v)
+            if sub is not None:
+                out[k] = sub
+        elif old[k] != v:
+            out[k] = v
+    return out or None

@@ -221,6 +221,7 @@ class FleetMemo:
     """Per-object in-memory state (kopf memo): scrape history for windowed deltas."""
 
     last_tick: float = 0.0
+    last_failures: set[str] = field(default_factory=set)
     history: dict[str, deque[PodMetrics]] = field(default_factory=dict)  # pod uid -> cumulative scrapes
     rollout_key: tuple | None = None  # (candidate revision, step, windowStartedAt) of the baselines below
     rollout_baselines: dict[str, PodMetrics] = field(default_factory=dict)
@@ -316,7 +317,8 @@ def run(api: Api, namespace: str, name: str, memo: Any, stopped: Any, logger: An
     """The per-object kopf daemon: a tick every ``interval_s`` until the object goes away or the
     operator stops. A daemon (not a timer) because kopf logs and posts an event for every timer run,
     and because the interval is read from the environment on every round."""
-    logger = logger or log
+    # Module logger: kopf's per-object logger would post every line as a Kubernetes Event.
+    logger = log
     while not stopped:
         try:
             settings = FleetSettings.from_env()
@@ -365,8 +367,11 @@ def tick(api: Api, body: dict[str, Any], memo: Any, logger: Any = None, now: flo
         else:
             current[uid] = extract(res, now)
     m["pods_scraped"].labels(*lbl).set(len(current))
-    if failures:
-        (logger or log).warning("fleet: scrape failed for %s", ", ".join(f"{k} ({v})" for k, v in sorted(failures.items())))
+    if set(failures) != fm.last_failures:  # log changes only (the condition message has the rest)
+        if failures:
+            log.warning("fleet %s/%s: scrape failed for %s", namespace, name,
+                        ", ".join(f"{k} ({v})" for k, v in sorted(failures.items())))  # fmt: skip
+        fm.last_failures = set(failures)
 
     # 2. sliding-window aggregation
     for uid in list(fm.history):
@@ -390,7 +395,7 @@ def tick(api: Api, body: dict[str, Any], memo: Any, logger: Any = None, now: flo
         try:
             written, n = push_priors(api, namespace, cm_name, aggregate(pods), spec, settings)
         except Exception as e:  # noqa: BLE001 - priors are best effort; the SLO and rollout go on
-            (logger or log).warning("fleet: priors for %s not written: %s", cm_name, e)
+            log.warning("fleet %s/%s: priors for %s not written: %s", namespace, name, cm_name, e)
             continue
         pushed[track] = n
         if written:
@@ -444,4 +449,4 @@ def tick(api: Api, body: dict[str, Any], memo: Any, logger: Any = None, now: flo
     rollout_handler.patch_status(api, namespace, name, meta["uid"], fields)
 
     # 5. rollout
-    rollout_handler.tick(api, body, spec, current, by_uid, fm, now, logger or log)
+    rollout_handler.tick(api, body, spec, current, by_uid, fm, now)

@@ -31,6 +31,7 @@ from nightjar_operator.fleet.rollout import (
     Plan,
     Revision,
     RolloutState,
+    merge_patch,
     per_pod,
     plan,
     restart_window,
@@ -176,7 +177,15 @@ def patch_status(api: Api, namespace: str, name: str, uid: str,
             return False
         old = fresh.get("status") or {}
         want = fields(old) if callable(fields) else fields
-        diff = {k: v for k, v in want.items() if old.get(k) != v}
+        diff: dict[str, Any] = {}
+        for k, v in want.items():
+            if v is None:
+                if old.get(k) is not None:
+                    diff[k] = None
+                continue
+            d = merge_patch(old.get(k), v) if isinstance(old.get(k), dict) else (None if old.get(k) == v else v)
+            if d is not None:
+                diff[k] = d
         if not diff:
             return True
         try:
@@ -208,14 +217,11 @@ def _pair_status(rev: Revision | None, dep: dict[str, Any] | None, deployment: s
 
 def _analysis(state: RolloutState, current: dict[str, PodMetrics], tracks: dict[str, str], fm: Any,
               spec: NightjarDeploymentSpec) -> Analysis:
-    start = state.window_started_at or 0.0
-    zero = PodMetrics(ts=start)
     per_track: dict[str, dict[str, PodMetrics]] = {c.TRACK_STABLE: {}, TRACK_CANDIDATE: {}}
     for uid, pm in current.items():
         tr = tracks.get(uid)
         if tr in per_track:
-            # A pod absent from the baselines appeared during the window: everything it did is in it.
-            per_track[tr][uid] = window(fm.rollout_baselines.get(uid, zero), pm)
+            per_track[tr][uid] = window(fm.rollout_baselines.get(uid), pm)
     cand, stab = aggregate(per_track[TRACK_CANDIDATE]), aggregate(per_track[c.TRACK_STABLE])
     slo = spec.slo
     ce = evaluate_slo(cand, slo.ttft_p95_ms, slo.tpot_p95_ms, slo.attainment)
@@ -241,7 +247,9 @@ def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: 
     """One rollout round (see the module docstring). ``targets``: pod uid -> PodTarget (track)."""
     from nightjar_operator.handlers.fleet import op_metrics
 
-    logger = logger or log
+    # The module logger, not kopf's per-object one: kopf would also post every line as an Event,
+    # duplicating the explicit ones below.
+    logger = log
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     owner = Owner.from_body(body)
@@ -259,6 +267,10 @@ def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: 
             fm.rollout_baselines = dict(current)
             logger.info("rollout: analysis window of step %d restarted (no baselines in memory)", state.step + 1)
         else:
+            for uid, pm in current.items():
+                # A pod first seen during the window: its window starts at its first scrape, so
+                # its rates cover only the time it was observed.
+                fm.rollout_baselines.setdefault(uid, pm)
             analysis = _analysis(state, current, tracks, fm, spec)
     slo = spec.slo
     objective = slo.attainment if (slo.ttft_p95_ms or slo.tpot_p95_ms) else None
