@@ -192,10 +192,21 @@ class PolicyHolder:
             policy = self._build(new.planner, self.profile)  # raises on a bad combination: old kept
             apply_to_policy(policy, None, new)
             self.policy, self.config = policy, new
-            return [f"policy rebuilt: {getattr(policy, 'name', new.planner.policy)}"]
-        applied = apply_to_policy(self.policy, old, new)
-        self.config = new
+            applied = [f"policy rebuilt: {getattr(policy, 'name', new.planner.policy)}"]
+        else:
+            applied = apply_to_policy(self.policy, old, new)
+            self.config = new
+        self.export_snapshot()
         return applied
+
+    def export_snapshot(self) -> None:
+        """Publish the planner's estimates now (new priors show on /metrics without waiting for steps)."""
+        snap = getattr(self.policy, "snapshot", None)
+        if snap is None:
+            return
+        from nightjar_worker.metrics import worker_metrics
+
+        worker_metrics().set_planner_snapshot(snap())
 
 
 def write_config_atomically(path: str | os.PathLike[str], cfg: WorkerRuntimeConfig) -> None:
@@ -387,6 +398,7 @@ class PlannerRuntime:
         self.path = Path(config_path) if config_path else Path(config_path_from_env())
         initial = load_runtime_config(self.path)
         self.holder = PolicyHolder(initial, profile)
+        self.holder.export_snapshot()
         self.watcher = RuntimeConfigWatcher(self.path, self._on_update, interval_s=interval_s, metrics=self.metrics)
         self.lock = self.watcher.lock
         self.watcher.load_initial()
