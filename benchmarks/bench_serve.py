@@ -17,7 +17,13 @@ on the Nightjar server (and static-4, where the draft surely runs) must give ide
 
 Writes ``benchmarks/results/serve/{results.json,table.md,serve.png}``. Last line:
 ``RESULT adaptive_vs_best_static_min=... adaptive_vs_nosd_c1=... adaptive_vs_nosd_sat=... lossless=...``
-``QUICK=1``: c in {1, 32} only, shorter outputs and fewer requests.
+``QUICK=1``: c in {1, 32} only, shorter outputs and fewer requests, and ``--mode switch``: instead
+of a server per policy, static-k, the table and Nightjar run on *one* Nightjar-scheduler server
+(K=4) whose policy is switched through the admin endpoint between runs (the planner's ``static``
+and ``table`` policies have vLLM's semantics; the scheduler trims drafts to the chosen gamma and the
+draft proposes exactly gamma tokens, so the steps are the same as vLLM's native static-k); no-SD
+stays a native server (it is also the lossless reference). Start-up dominates on 2 shared cores
+(1-3 min per server), which is why QUICK switches.
 """
 
 from __future__ import annotations
@@ -49,6 +55,30 @@ def policy_args(name: str, table: list[list[int]] | None = None) -> list[str]:
     if name == "nightjar":
         return ["--scheduler", "nightjar"]
     raise ValueError(f"policy: unknown {name!r}")
+
+
+ADMIN_TOKEN = "bench-serve"
+
+
+def switch_body(name: str, table: list[list[int]] | None) -> dict:
+    """Runtime-config body selecting the planner policy that reproduces baseline ``name``."""
+    if name.startswith("static-"):
+        return {"planner": {"policy": "static", "static_gamma": int(name.split("-")[1])}}
+    if name == "vllm-table":
+        assert table is not None
+        return {"planner": {"policy": "table", "gamma_table": {str(a): k for a, _, k in table}}}
+    if name == "nightjar":
+        return {"planner": {"policy": "nightjar"}}
+    raise ValueError(f"policy: {name!r} cannot be switched at run time")
+
+
+def switch_policy(server: ServerProcess, name: str, table: list[list[int]] | None) -> None:
+    import httpx
+
+    r = httpx.post(server.url + "/nightjar/v1/config", json=switch_body(name, table),
+                   headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
+    if r.status_code != 200 or r.json().get("status") != "applied":
+        raise RuntimeError(f"switching to {name} failed: {r.status_code} {r.text}")
 
 
 def tuned_table(results: dict[str, dict[int, dict]], concurrencies: list[int]) -> tuple[list[list[int]], dict]:
@@ -175,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                     default=["nosd", "static-1", "static-2", "static-3", "static-4", "vllm-table", "nightjar"])
     ap.add_argument("--lossless-prompts", type=int, default=6 if quick else 12)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--mode", choices=("restart", "switch"), default="switch" if quick else "restart",
+                    help="restart: a native vLLM server per baseline; switch: one Nightjar server, policy switched")
     args = ap.parse_args(argv)
     concurrencies = sorted(args.concurrency)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -190,28 +222,46 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {"quick": quick, "concurrencies": concurrencies, "max_tokens": args.max_tokens,
                             "server_start_s": {}}
     order = [p for p in args.policies if p != "vllm-table"] + (["vllm-table"] if "vllm-table" in args.policies else [])
+    meta["mode"] = args.mode
     t_all = time.perf_counter()
-    for pol in order:
-        table = None
-        if pol == "vllm-table":
-            if not all(p in results for p in ("nosd", "static-1", "static-2", "static-3", "static-4")):
-                print("vllm-table: needs nosd and static-1..4 in the same run to tune; skipped", flush=True)
-                continue
-            table, best = tuned_table(results, concurrencies)
-            meta["vllm_table"] = table
-            print(f"vllm-table tuned from the sweep: best K per concurrency {best} -> {table}", flush=True)
-        t0 = time.perf_counter()
-        print(f"[{pol}] starting server ...", flush=True)
-        with ServerProcess(policy_args(pol, table), log_path=args.out / f"server-{pol}.log") as srv:
-            meta["server_start_s"][pol] = round(time.perf_counter() - t0, 1)
+    shared: ServerProcess | None = None  # switch mode: the Nightjar-scheduler server
+    try:
+        for pol in order:
+            table = None
+            if pol == "vllm-table":
+                if not all(p in results for p in ("nosd", "static-1", "static-2", "static-3", "static-4")):
+                    print("vllm-table: needs nosd and static-1..4 in the same run to tune; skipped", flush=True)
+                    continue
+                table, best = tuned_table(results, concurrencies)
+                meta["vllm_table"] = table
+                meta["vllm_table_best_k"] = best
+                print(f"vllm-table tuned from the sweep: best K per concurrency {best} -> {table}", flush=True)
             want_text = pol in ("nosd", "nightjar", "static-4")
-            res, tx = asyncio.run(run_policy(
-                srv, concurrencies, prompts, max_tokens=args.max_tokens, n_req=n_req,
-                lossless_prompts=lossless_prompts if want_text else None,
-            ))
-        results[pol] = res
-        if tx is not None:
-            texts[pol] = tx
+            lp = lossless_prompts if want_text else None
+            if args.mode == "switch" and pol != "nosd":
+                if shared is None:
+                    t0 = time.perf_counter()
+                    print("[switch] starting the Nightjar-scheduler server ...", flush=True)
+                    shared = ServerProcess(["--scheduler", "nightjar"], env={"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN},
+                                           log_path=args.out / "server-switch.log").start()
+                    meta["server_start_s"]["switch"] = round(time.perf_counter() - t0, 1)
+                switch_policy(shared, pol, table)
+                print(f"[{pol}] (runtime switch)", flush=True)
+                res, tx = asyncio.run(run_policy(shared, concurrencies, prompts, max_tokens=args.max_tokens,
+                                                 n_req=n_req, lossless_prompts=lp))
+            else:
+                t0 = time.perf_counter()
+                print(f"[{pol}] starting server ...", flush=True)
+                with ServerProcess(policy_args(pol, table), log_path=args.out / f"server-{pol}.log") as srv:
+                    meta["server_start_s"][pol] = round(time.perf_counter() - t0, 1)
+                    res, tx = asyncio.run(run_policy(srv, concurrencies, prompts, max_tokens=args.max_tokens,
+                                                     n_req=n_req, lossless_prompts=lp))
+            results[pol] = res
+            if tx is not None:
+                texts[pol] = tx
+    finally:
+        if shared is not None:
+            shared.stop()
     meta["wall_s"] = round(time.perf_counter() - t_all, 1)
 
     # --- verdicts ---------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class Phase:
     rate: float
     max_concurrency: int | None = None
     name: str = ""
+    drop_late: bool = False  # a request still waiting for a slot when its phase ends is dropped
 
 
 @dataclass
@@ -90,6 +91,7 @@ class RequestRecord:
     output_tokens: int = 0
     text: str = ""
     error: str | None = None
+    dropped: bool = False
 
     @property
     def tpot_s(self) -> float | None:
@@ -171,6 +173,11 @@ async def run_load(
     """Drive the phases; returns one record per request (sorted by index). Requests still in flight
     when the last phase ends are awaited (their latency counts)."""
     arrivals = arrival_times(phases, seed)
+    ends: dict[int, float] = {}
+    acc = 0.0
+    for ph in phases:
+        acc += ph.duration_s
+        ends[id(ph)] = acc
     if max_requests is not None:
         arrivals = arrivals[:max_requests]
     sems: dict[int, asyncio.Semaphore] = {}
@@ -192,9 +199,13 @@ async def run_load(
             await one_request(client, model, p, rec, max_tokens=max_tokens, temperature=temperature, t_run0=t_run0)
         else:
             async with sem:
-                await one_request(
-                    client, model, p, rec, max_tokens=max_tokens, temperature=temperature, t_run0=t_run0
-                )
+                if ph.drop_late and time.perf_counter() - t_run0 > ends[id(ph)]:
+                    rec.dropped = True
+                    rec.start_s = time.perf_counter() - t_run0
+                else:
+                    await one_request(
+                        client, model, p, rec, max_tokens=max_tokens, temperature=temperature, t_run0=t_run0
+                    )
         if on_done is not None:
             on_done(rec)
 
@@ -254,7 +265,8 @@ class Summary:
 
 
 def summarize(records: Sequence[RequestRecord]) -> Summary:
-    ok = [r for r in records if r.error is None and r.e2e_s is not None]
+    dropped = sum(1 for r in records if r.dropped)
+    ok = [r for r in records if r.error is None and r.e2e_s is not None and not r.dropped]
     if ok:
         t0 = min(r.start_s for r in ok)
         t1 = max(r.end_s for r in ok)  # type: ignore[type-var]
@@ -266,8 +278,8 @@ def summarize(records: Sequence[RequestRecord]) -> Summary:
     tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
     e2e = [r.e2e_s for r in ok]
     return Summary(
-        requests=len(records),
-        errors=len(records) - len(ok),
+        requests=len(records) - dropped,
+        errors=len(records) - dropped - len(ok),
         output_tokens=toks,
         duration_s=dur,
         output_tok_s=toks / dur if dur > 0 else 0.0,
@@ -277,6 +289,7 @@ def summarize(records: Sequence[RequestRecord]) -> Summary:
         tpot_p99_s=_pct(tpot, 0.99),  # type: ignore[arg-type]
         e2e_p50_s=_pct(e2e, 0.5),  # type: ignore[arg-type]
         e2e_p99_s=_pct(e2e, 0.99),  # type: ignore[arg-type]
+        extra={"dropped": dropped} if dropped else {},
     )
 
 

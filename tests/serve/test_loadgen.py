@@ -1,0 +1,65 @@
+"""Load generator: Poisson arrivals per phase, prompt mixing, summaries, /metrics parsing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from nightjar_worker import loadgen
+from nightjar_worker.loadgen import Phase, RequestRecord
+
+
+def test_poisson_arrivals_follow_each_phase_rate():
+    ph = [Phase(200.0, 2.0, name="a"), Phase(100.0, 0.0, name="idle"), Phase(200.0, 10.0, name="b")]
+    arr = loadgen.arrival_times(ph, seed=3)
+    a = [t for t, p in arr if p.name == "a"]
+    b = [t for t, p in arr if p.name == "b"]
+    assert not [t for t, p in arr if p.name == "idle"]
+    assert all(0 <= t < 200 for t in a) and all(300 <= t < 500 for t in b)
+    assert len(a) == pytest.approx(400, rel=0.15) and len(b) == pytest.approx(2000, rel=0.1)
+    gaps = [y - x for x, y in zip(b, b[1:], strict=False)]
+    mean = sum(gaps) / len(gaps)
+    cv = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps)) / mean
+    assert cv == pytest.approx(1.0, abs=0.1)  # exponential gaps
+    assert loadgen.arrival_times(ph, seed=3) == arr  # deterministic under the seed
+
+
+def test_prompts_are_spec_bench_and_mixed_by_category():
+    ps = loadgen.load_prompts()
+    assert len(ps) == 400 and len({p.category for p in ps}) >= 5
+    mixed = loadgen.mixed_prompts(ps, 26, seed=0)
+    cats = sorted({p.category for p in ps})
+    assert [p.category for p in mixed[: len(cats)]] == cats
+    with pytest.raises(ValueError, match="categories"):
+        loadgen.load_prompts(categories=["no-such-category"])
+
+
+def test_summary_percentiles_and_throughput():
+    recs = []
+    for i in range(10):
+        r = RequestRecord(i, i, "x", "p", start_s=float(i), ttft_s=0.1 * (i + 1), e2e_s=1.0 + 0.1 * (i + 1),
+                          output_tokens=11)
+        recs.append(r)
+    recs.append(RequestRecord(10, 10, "x", "p", start_s=0.0, error="boom"))
+    recs.append(RequestRecord(11, 11, "x", "p", start_s=0.0, dropped=True))
+    s = loadgen.summarize(recs)
+    assert s.requests == 11 and s.errors == 1 and s.extra == {"dropped": 1}
+    assert s.output_tokens == 110
+    assert s.duration_s == pytest.approx(9 + 2.0)  # first start 0 .. last end 9 + 2.0
+    assert s.output_tok_s == pytest.approx(110 / 11.0)
+    assert s.ttft_p50_s == pytest.approx(0.55)
+    assert s.tpot_p50_s == pytest.approx(0.1)  # (e2e - ttft) / (tokens - 1) = 1.0 / 10
+
+
+def test_metrics_parsing_and_label_filtered_sums():
+    text = (
+        "# TYPE nightjar_steps_total counter\n"
+        'nightjar_steps_total{gamma="0"} 3.0\n'
+        'nightjar_steps_total{gamma="4"} 5.0\n'
+        "# TYPE vllm:generation_tokens_total counter\n"
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 42.0\n'
+    )
+    m = loadgen.parse_metrics(text)
+    assert loadgen.metric_sum(m, "nightjar_steps_total") == 8
+    assert loadgen.metric_sum(m, "nightjar_steps_total", gamma="4") == 5
+    assert loadgen.metric_sum(m, "vllm:generation_tokens_total") == 42
