@@ -35,7 +35,7 @@ SWITCH_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 DECISION_BUCKETS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01)
 MOVE_BUCKETS = (1e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 60.0)
 
-DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading")  # value of nightjar_draft_state
+DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading", "draining")  # index = nightjar_draft_state
 
 _MP = "mostrecent"
 
@@ -86,7 +86,7 @@ config_last_reload_timestamp_seconds = Gauge(
 
 # --- elastic draft memory ----------------------------------------------------------------------------
 draft_state = Gauge(
-    "nightjar_draft_state", "Draft weights state: 0 resident, 1 offloading, 2 offloaded, 3 reloading",
+    "nightjar_draft_state", "Draft weights state: 0 resident, 1 offloading, 2 offloaded, 3 reloading, 4 draining",
     multiprocess_mode=_MP,
 )
 draft_state_info = Gauge(

@@ -1,0 +1,91 @@
+"""nightjar_* metrics: the recorder's semantics, and the multiprocess export path (a metric recorded
+in one process, as in vLLM's EngineCore, is served by another process's registry)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from nightjar_worker.metrics import WorkerMetrics
+from nightjar_worker.planner import PlannerConfig, PlannerPriors, build_policy
+from prometheus_client import REGISTRY
+
+
+def v(name, **labels):
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_step_recording_counts_arms_switches_and_acceptance():
+    m = WorkerMetrics(acceptance_decay=1.0)
+    s0, on0, off0 = v("nightjar_steps_total", gamma="3"), v("nightjar_switches_total", direction="on"), v(
+        "nightjar_switches_total", direction="off")
+    d0, a0 = v("nightjar_draft_tokens_total", gamma="3"), v("nightjar_accepted_tokens_total", gamma="3")
+    m.observe_step(0, 4)
+    m.observe_step(3, 4, num_draft_tokens=12, num_accepted_tokens=6)
+    m.observe_step(3, 4, num_draft_tokens=12, num_accepted_tokens=12)
+    m.observe_step(0, 8)
+    assert v("nightjar_steps_total", gamma="3") - s0 == 2
+    assert v("nightjar_switches_total", direction="on") - on0 == 1
+    assert v("nightjar_switches_total", direction="off") - off0 == 1
+    assert v("nightjar_draft_tokens_total", gamma="3") - d0 == 24
+    assert v("nightjar_accepted_tokens_total", gamma="3") - a0 == 18
+    assert v("nightjar_acceptance_rate", gamma="3") == pytest.approx(18 / 24)
+    assert v("nightjar_gamma_current") == 0
+
+
+def test_gamma_histogram_buckets_are_per_arm():
+    m = WorkerMetrics()
+    le0, le2 = v("nightjar_gamma_chosen_bucket", le="0.0"), v("nightjar_gamma_chosen_bucket", le="2.0")
+    m.observe_step(2, 1)
+    assert v("nightjar_gamma_chosen_bucket", le="0.0") == le0
+    assert v("nightjar_gamma_chosen_bucket", le="2.0") == le2 + 1
+
+
+def test_planner_snapshot_formats():
+    m = WorkerMetrics()
+    pol = build_policy(PlannerConfig())
+    pol.set_priors(PlannerPriors(bucket_edges=[1, 64], entries=[{"bucket_lo": 64, "gamma": 1, "mean_loss_s": 0.02}]))
+    m.set_planner_snapshot(pol.snapshot())
+    assert v("nightjar_planner_loss_seconds", bucket="64", gamma="1") == pytest.approx(0.02)
+    m.set_planner_snapshot({(96, 2): (0.5, 7.0)})
+    assert v("nightjar_planner_count", bucket="96", gamma="2") == 7.0
+
+
+def test_draft_state_enum_and_transitions():
+    m = WorkerMetrics()
+    t0 = v("nightjar_draft_transitions_total", **{"from": "resident", "to": "offloading"})
+    m.draft_state_changed("resident", "offloading")
+    assert v("nightjar_draft_state") == 1
+    assert v("nightjar_draft_state_info", state="offloading") == 1
+    assert v("nightjar_draft_state_info", state="resident") == 0
+    assert v("nightjar_draft_transitions_total", **{"from": "resident", "to": "offloading"}) == t0 + 1
+    with pytest.raises(ValueError, match="draft state"):
+        m.draft_state_changed("offloading", "vanished")
+
+
+def test_metrics_recorded_in_another_process_are_served_here(tmp_path):
+    """The mechanism /metrics relies on: PROMETHEUS_MULTIPROC_DIR shared by EngineCore and API server."""
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    child = textwrap.dedent("""
+        from nightjar_worker.metrics import worker_metrics
+        m = worker_metrics()
+        for g in (0, 4, 4):
+            m.observe_step(g, 8, num_draft_tokens=4 * 8 * (g > 0), num_accepted_tokens=3 * 8 * (g > 0))
+        m.set_planner_snapshot({(8, 4): (0.004, 2.0)})
+    """)
+    subprocess.run([sys.executable, "-c", child], env=env, check=True, timeout=60)
+    server = textwrap.dedent("""
+        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+        reg = CollectorRegistry()
+        multiprocess.MultiProcessCollector(reg)
+        print(generate_latest(reg).decode())
+    """)
+    out = subprocess.run([sys.executable, "-c", server], env=env, check=True, timeout=60, capture_output=True,
+                         text=True).stdout
+    assert 'nightjar_steps_total{gamma="4"} 2.0' in out
+    assert "nightjar_gamma_chosen_count 3.0" in out
+    assert 'nightjar_planner_loss_seconds{bucket="8",gamma="4"} 0.004' in out
+    assert "nightjar_gamma_current 4.0" in out  # mostrecent gauge, no pid label
