@@ -101,3 +101,9 @@ def test_window_of_a_pod_first_seen_now_is_empty():
     w = window(p, p)
     assert w.window_s == 0 and w.generation_tokens == 0 and w.ttft.observations == 0
     assert aggregate({"p": w}).throughput_tok_s is None
+
+
+def test_escaped_vllm_names_as_read_through_prometheus():
+    doc = pod_doc().replace("vllm:", "vllm_")
+    pm = extract(parse(doc), 0.0)
+    assert pm.ttft is not None and pm.tpot is not None and pm.generation_tokens == 1000 and pm.running == 2

@@ -34,8 +34,19 @@ TPOT_NAMES = (
     "vllm:inter_token_latency_seconds",
 )
 GENERATION_TOKENS_NAMES = ("vllm:generation_tokens_total", "vllm:generation_tokens")
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
+RUNNING = ("vllm:num_requests_running",)
+WAITING = ("vllm:num_requests_waiting",)
+
+
+def _with_escaped(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Each ``vllm:`` name and its ``vllm_`` form: prometheus_client >= 0.22 escapes the colon when
+    the scraper negotiates OpenMetrics (Prometheus does), so through Prometheus they read ``vllm_*``."""
+    return tuple(x for n in names for x in (n, n.replace("vllm:", "vllm_", 1)))
+
+
+TTFT_NAMES, TPOT_NAMES = _with_escaped(TTFT_NAMES), _with_escaped(TPOT_NAMES)
+GENERATION_TOKENS_NAMES = _with_escaped(GENERATION_TOKENS_NAMES)
+RUNNING, WAITING = _with_escaped(RUNNING), _with_escaped(WAITING)
 
 _INT = re.compile(r"-?\d+")
 
@@ -122,8 +133,8 @@ def extract(scrape: Scrape, ts: float) -> PodMetrics:
         ttft=_first_hist(scrape, TTFT_NAMES),
         tpot=_first_hist(scrape, TPOT_NAMES),
         generation_tokens=_first_value(scrape, GENERATION_TOKENS_NAMES),
-        running=scrape.value(RUNNING),
-        waiting=scrape.value(WAITING),
+        running=_first_value(scrape, RUNNING),
+        waiting=_first_value(scrape, WAITING),
         draft_state=state,
     )
 

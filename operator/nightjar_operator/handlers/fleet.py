@@ -193,7 +193,7 @@ def scrape_prometheus(targets: list[PodTarget], namespace: str, settings: FleetS
         return {}
     pods = "|".join(t.name for t in targets)
     lbl = settings.prometheus_pod_label
-    match = f'{{__name__=~"nightjar_.*|vllm:.*",namespace="{namespace}",{lbl}=~"{pods}"}}'
+    match = f'{{__name__=~"nightjar_.*|vllm[:_].*",namespace="{namespace}",{lbl}=~"{pods}"}}'
     try:
         with httpx.Client(timeout=max(5.0, settings.scrape_timeout_s), trust_env=False) as client:
             r = client.get(settings.prometheus_url.rstrip("/") + "/federate", params={"match[]": match})
