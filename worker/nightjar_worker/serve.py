@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vLLM's num_speculative_tokens_per_batch_size (with --scheduler vllm): JSON "
                    "[[start, end, k], ...] (inclusive ranges, vLLM's format) or {batch_size: k} (from that size on)")
     p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--kv-cache-gib", type=float, default=None,
+    p.add_argument("--kv-cache-gib", type=int, default=None,
                    help="VLLM_CPU_KVCACHE_SPACE in GiB (CPU backend; default 2 unless already set)")
     return p
 
@@ -181,7 +181,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     prepare_environment(args)
     argv_v = vllm_argv(args, passthrough)
     print("nightjar: vLLM args:", " ".join(argv_v), flush=True)
-    run_vllm_server(argv_v)
+    try:
+        run_vllm_server(argv_v)
+    except BaseException as e:  # noqa: BLE001
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        # vLLM leaves non-daemon threads behind when start-up fails; without a hard exit the
+        # process would hang instead of reporting the failure to its supervisor.
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
     return 0
 
 
