@@ -1,0 +1,72 @@
+"""``nightjar-worker serve`` argument building (what vLLM is asked to run) and the CLI dispatch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from nightjar_worker import cli
+from nightjar_worker.serve import NIGHTJAR_SCHEDULER, build_parser, parse_spec_table, vllm_argv
+
+
+@pytest.fixture
+def pair(tmp_path, monkeypatch):
+    t, d = tmp_path / "target", tmp_path / "draft"
+    for p in (t, d):
+        p.mkdir()
+        (p / "config.json").write_text("{}")
+    cfg = tmp_path / "nightjar.yaml"
+    cfg.write_text("planner: {max_gamma: 3}\n")
+    monkeypatch.setenv("NIGHTJAR_CONFIG", str(cfg))
+    monkeypatch.setenv("NIGHTJAR_MODEL", str(t))
+    monkeypatch.setenv("NIGHTJAR_DRAFT", str(d))
+    return t, d
+
+
+def argv(*a):
+    args, rest = build_parser().parse_known_args(list(a))
+    return vllm_argv(args, rest)
+
+
+def opt(av, name):
+    return av[av.index(name) + 1]
+
+
+def test_nightjar_defaults_use_the_pair_k_from_config_and_our_scheduler(pair):
+    t, d = pair
+    av = argv("--port", "9001", "--max-num-seqs", "64")
+    assert opt(av, "--model") == str(t) and opt(av, "--port") == "9001"
+    spec = json.loads(opt(av, "--speculative-config"))
+    assert spec == {"method": "draft_model", "model": str(d), "num_speculative_tokens": 3}
+    assert opt(av, "--scheduler-cls") == NIGHTJAR_SCHEDULER
+    assert opt(av, "--middleware") == "nightjar_worker.admin.AdminMiddleware"
+    assert av[-2:] == ["--max-num-seqs", "64"]  # passthrough last: the user wins
+
+
+def test_baselines_use_vllms_own_scheduler(pair):
+    av = argv("--scheduler", "vllm", "--draft", "none")
+    assert "--speculative-config" not in av and "--scheduler-cls" not in av
+    av = argv("--scheduler", "vllm", "--num-speculative-tokens", "2")
+    assert json.loads(opt(av, "--speculative-config"))["num_speculative_tokens"] == 2
+    av = argv("--scheduler", "vllm", "--spec-per-batch-size", '{"1": 4, "8": 1}')
+    spec = json.loads(opt(av, "--speculative-config"))
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 7, 4], [8, 1 << 20, 1]]
+    assert spec["num_speculative_tokens"] == 4
+
+
+def test_bad_arguments_name_the_option(pair, tmp_path):
+    with pytest.raises(SystemExit, match="--spec-per-batch-size"):
+        argv("--spec-per-batch-size", '{"1": 4}')  # only with --scheduler vllm
+    with pytest.raises(SystemExit, match="--draft"):
+        argv("--draft", str(tmp_path / "missing"))
+    with pytest.raises(SystemExit, match="--model"):
+        argv("--model", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="batch size 1"):
+        parse_spec_table({"2": 1})
+
+
+def test_cli_dispatch_and_usage(capsys):
+    assert cli.main([]) == 2
+    assert cli.main(["bogus"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+    assert cli.main(["--help"]) == 0
