@@ -57,3 +57,12 @@ def test_fleet_settings_from_env_name_the_variable():
     assert s.interval_s == 2 and s.scrape_port == 9100
     with pytest.raises(ValueError, match="NIGHTJAR_FLEET_INTERVAL_S"):
         FleetSettings.from_env({"NIGHTJAR_FLEET_INTERVAL_S": "-1"})
+
+
+def test_strategy_replace_has_no_candidate():
+    old = spec("draft-1")
+    new = NightjarDeploymentSpec.model_validate({**spec("draft-2").wire(), "rollout": {"strategy": "Replace"}})
+    p0 = plan(None, desired_revision(old), 4, [25, 100], 60, 0.0, None)
+    assert stable_spec(new, {"rollout": p0.state.to_status()}) is new
+    p1 = plan(p0.state, desired_revision(new), 4, None, 60, 1.0, None)
+    assert p1.state.candidate is None and p1.state.stable.revision == desired_revision(new).revision

@@ -177,7 +177,7 @@ def test_lifecycle_create_update_scale_delete(cl: Cluster):
         # Printer columns.
         out = cl.k8s.kubectl("get", "njd", name, "-n", cl.ns).stdout
         header, row = out.splitlines()[:2]
-        assert header.split() == ["NAME", "READY", "REPLICAS", "TARGET", "DRAFT", "AGE"]
+        assert header.split() == ["NAME", "READY", "REPLICAS", "TARGET", "DRAFT", "STABLE", "CANDIDATE", "AGE"]
         assert row.split()[:5] == [name, "True", "2", "target-1", "draft-1"]
 
         # Update image.
@@ -186,9 +186,11 @@ def test_lifecycle_create_update_scale_delete(cl: Cluster):
         dep = cl.child("Deployment", name)
         assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "example.org/nightjar-worker:2"
 
-        # Update the model pair: args, pod annotations and status follow.
+        # Update the model pair: args, pod annotations and status follow (strategy Replace: no
+        # candidate revision; the Canary rollout is tested in tests/fleet/).
         cl.patch(name, {"target": {"name": "target-2", "source": {"imagePath": "/models/target-2"}},
-                        "draft": {"name": "draft-2", "source": {"uri": "hf://org/draft-2"}, "revision": "r1"}})
+                        "draft": {"name": "draft-2", "source": {"uri": "hf://org/draft-2"}, "revision": "r1"},
+                        "rollout": {"strategy": "Replace"}})
         obj = cl.wait_ready(name, replicas=2)
         args = cl.child("Deployment", name)["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[args.index("--model") + 1] == "/models/target-2"

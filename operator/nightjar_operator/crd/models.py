@@ -181,6 +181,9 @@ class RolloutSpec(_Model):
     """Candidate traffic share per step, percent, ascending, each 1..100."""
     analysis_window_seconds: int = Field(300, ge=10, le=86_400)
     """How long each step is observed before promoting or rolling back."""
+    strategy: Literal["Canary", "Replace"] = "Canary"
+    """Canary: a new model pair runs as a candidate revision through the steps, gated by SLO analysis;
+    Replace: the new pair replaces the old one directly (rolling update of the one Deployment)."""
 
 
 class NightjarDeploymentSpec(_Model):

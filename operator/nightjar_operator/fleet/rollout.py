@@ -188,10 +188,10 @@ def plan(
         return Plan(s, replicas, 0, ev)
     if not steps:
         # No staged rollout configured: the new pair replaces the old one directly.
-        ev.append(("Normal", "ModelPairUpdated", f"{s.stable.revision} -> {desired.revision} (no spec.rollout.steps)"))
+        ev.append(("Normal", "ModelPairUpdated", f"{s.stable.revision} -> {desired.revision} (strategy Replace)"))
         s.stable, s.candidate, s.phase, s.step, s.weight = desired, None, "Stable", 0, 0
         s.window_started_at = None
-        s.last_decision = Decision(action="Promoted", reason="no rollout steps configured", at=now)
+        s.last_decision = Decision(action="Promoted", reason="replaced directly (spec.rollout.strategy Replace)", at=now)
         return Plan(s, replicas, 0, ev)
     if s.candidate is None or s.candidate.revision != desired.revision:
         if s.candidate is not None:

@@ -80,6 +80,8 @@ def stable_spec(spec: NightjarDeploymentSpec, status: dict[str, Any] | None) -> 
     """The spec the *stable* Deployment is rendered from: while the spec's model pair differs from the
     stable revision in ``status.rollout``, keep the stable pair; during a rollout, keep the stable
     share of the replicas. Without rollout state this is ``spec`` itself."""
+    if spec.rollout.strategy == "Replace":
+        return spec  # no candidate revision: the new pair rolls out in the one Deployment
     try:
         st = RolloutState.from_status((status or {}).get("rollout"))
     except Exception:  # noqa: BLE001 - an unreadable state must not block the reconcile
@@ -275,7 +277,8 @@ def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: 
     slo = spec.slo
     objective = slo.attainment if (slo.ttft_p95_ms or slo.tpot_p95_ms) else None
     gate = Gate(objective=objective, min_requests=5.0)
-    p = plan(state, desired, spec.replicas, spec.rollout.steps, float(spec.rollout.analysis_window_seconds), now, analysis, gate)
+    steps = spec.rollout.steps if spec.rollout.strategy == "Canary" else None
+    p = plan(state, desired, spec.replicas, steps, float(spec.rollout.analysis_window_seconds), now, analysis, gate)
     new_key = _window_key(p.state)
     if new_key is not None and new_key != fm.rollout_key:
         fm.rollout_key = new_key
