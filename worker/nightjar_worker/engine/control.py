@@ -1,0 +1,172 @@
+"""Cross-area glue for the scheduler, in one place: the gamma policy (planner area), the runtime
+config watcher and the Prometheus recorder (serving area), step listeners and the step log.
+
+Runs in vLLM's EngineCore process. Environment:
+  NIGHTJAR_CONFIG        runtime config file (``WorkerRuntimeConfig``), watched for live updates
+  NIGHTJAR_CONFIG_POLL_S watcher poll interval (default 1.0; 0 = load once, no thread)
+  NIGHTJAR_PROFILE       optional CostProfile JSON (needed by policies 'dsd' and 'oracle')
+  NIGHTJAR_FORCE_GAMMA   forced cycled schedule, e.g. "0x5,4x5" (overrides the policy; tests)
+  NIGHTJAR_STEP_LOG      append every StepStats as a JSON line to this file
+  NIGHTJAR_SCHEDULER_HOOK "module:function" called with the scheduler once it is built
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nightjar_worker.engine.forced import ForcedSchedulePolicy
+from nightjar_worker.engine.step_stats import JsonlSink, StepStats
+from nightjar_worker.planner.policy import GammaPolicy, StepFeedback
+
+log = logging.getLogger("nightjar.engine")
+
+StepListener = Callable[[StepStats], None]
+_listeners: list[StepListener] = []
+SNAPSHOT_EVERY_STEPS = 200
+
+
+def add_step_listener(fn: StepListener) -> None:
+    """Call ``fn(StepStats)`` after every step of every NightjarScheduler in this process."""
+    _listeners.append(fn)
+
+
+def remove_step_listener(fn: StepListener) -> None:
+    if fn in _listeners:
+        _listeners.remove(fn)
+
+
+def _metrics() -> Any:
+    try:
+        from nightjar_worker.metrics import worker_metrics
+
+        return worker_metrics()
+    except Exception as e:  # noqa: BLE001 - metrics are optional for the engine's correctness
+        log.warning("nightjar: metrics unavailable (%s)", e)
+        return None
+
+
+class EngineControl:
+    """Owns the live policy for one scheduler: ``decide`` before a step, ``observe`` after it."""
+
+    def __init__(self, max_gamma: int) -> None:
+        self.max_gamma = max_gamma
+        self.lock: threading.RLock = threading.RLock()
+        self.metrics = _metrics()
+        self.watcher: Any = None
+        self.holder: Any = None
+        self._policy: GammaPolicy | None = None
+        self._sink: JsonlSink | None = None
+        self._steps = 0
+        forced = os.environ.get("NIGHTJAR_FORCE_GAMMA")
+        if forced:
+            self._policy = ForcedSchedulePolicy(forced, max_gamma)
+            log.info("nightjar: forced gamma schedule %s", forced)
+        else:
+            self._init_policy_from_config()
+        if os.environ.get("NIGHTJAR_STEP_LOG"):
+            self._sink = JsonlSink(os.environ["NIGHTJAR_STEP_LOG"])
+        arms = tuple(self.policy.arms)
+        if max(arms, default=0) > max_gamma:
+            log.warning(
+                "nightjar: policy arms %s exceed K=%d (speculative_config.num_speculative_tokens); "
+                "larger gammas are clamped to K",
+                arms,
+                max_gamma,
+            )
+
+    def _init_policy_from_config(self) -> None:
+        from nightjar_worker.runtime_config import (
+            PolicyHolder,
+            RuntimeConfigWatcher,
+            config_path_from_env,
+            load_runtime_config,
+        )
+
+        path = config_path_from_env()
+        profile = None
+        if os.environ.get("NIGHTJAR_PROFILE"):
+            from nightjar_worker.sim.profile import CostProfile
+
+            profile = CostProfile.load(os.environ["NIGHTJAR_PROFILE"])
+        cfg = load_runtime_config(path)  # raises with the field named on a malformed file
+        self.holder = PolicyHolder(cfg, profile)
+        kwargs = {} if self.metrics is None else {"metrics": self.metrics}
+        poll = float(os.environ.get("NIGHTJAR_CONFIG_POLL_S", "1.0"))
+        self.watcher = RuntimeConfigWatcher(path, self.holder, interval_s=max(poll, 0.05), **kwargs)
+        self.lock = self.watcher.lock
+        self.watcher.load_initial()
+        if poll > 0:
+            self.watcher.start()
+        log.info("nightjar: policy %s from %s", getattr(self.policy, "name", "?"), path)
+
+    @property
+    def policy(self) -> GammaPolicy:
+        return self.holder.policy if self.holder is not None else self._policy  # type: ignore[return-value]
+
+    def decide(self, batch_size: int) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        with self.lock:
+            g = int(self.policy.decide(max(1, batch_size)))
+        dt = time.perf_counter() - t0
+        if self.metrics is not None:
+            self.metrics.observe_decision(dt)
+        return min(max(g, 0), self.max_gamma), dt
+
+    def observe(self, stats: StepStats) -> None:
+        fb = StepFeedback(
+            batch_size=max(1, stats.batch_size),
+            gamma=stats.gamma,
+            step_time_s=stats.step_time_s,
+            tokens_emitted=stats.tokens_emitted,
+            num_draft_tokens=stats.num_draft_tokens,
+            num_accepted_tokens=stats.num_accepted_tokens,
+            switch_cost_s=stats.catchup_s,
+            **self._extra_feedback(stats),
+        )
+        with self.lock:
+            self.policy.observe(fb)
+            snap = None
+            self._steps += 1
+            if self.metrics is not None and self._steps % SNAPSHOT_EVERY_STEPS == 1 and hasattr(self.policy, "snapshot"):
+                snap = self.policy.snapshot()
+        if self.metrics is not None:
+            self.metrics.observe_step(stats.gamma, stats.batch_size, stats.num_draft_tokens, stats.num_accepted_tokens)
+            if stats.catchup_s > 0:
+                self.metrics.observe_switch_cost(stats.catchup_s)
+            if snap is not None:
+                self.metrics.set_planner_snapshot(snap)
+        if self._sink is not None:
+            self._sink(stats)
+        for fn in list(_listeners):
+            try:
+                fn(stats)
+            except Exception:  # noqa: BLE001 - a listener must never break the engine
+                log.exception("nightjar: step listener failed")
+
+    @staticmethod
+    def _extra_feedback(stats: StepStats) -> dict[str, Any]:
+        # StepFeedback grew ``prefill_tokens`` (planner area); pass it when the field exists.
+        if "prefill_tokens" in getattr(StepFeedback, "__dataclass_fields__", {}):
+            return {"prefill_tokens": stats.num_prefill_tokens}
+        return {}
+
+    def run_scheduler_hook(self, scheduler: Any) -> None:
+        spec = os.environ.get("NIGHTJAR_SCHEDULER_HOOK")
+        if not spec:
+            return
+        mod, _, fn = spec.partition(":")
+        if not fn:
+            raise ValueError(f"NIGHTJAR_SCHEDULER_HOOK: expected 'module:function', got {spec!r}")
+        getattr(importlib.import_module(mod), fn)(scheduler)
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self._sink is not None:
+            self._sink.close()

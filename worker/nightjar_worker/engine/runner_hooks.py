@@ -1,0 +1,96 @@
+"""The model-runner side of Nightjar, installed into vLLM's ``GPUModelRunner`` (which the CPU runner
+subclasses) by the plugin. No vLLM file is modified; two methods are wrapped, version-pinned to
+vLLM 0.32 (``version.py``):
+
+* ``propose_draft_token_ids``: with the Nightjar scheduler and a ``draft_model`` speculative config,
+  routed through ``DraftCatchup.on_propose``: at ``num_spec_tokens_to_schedule == 0`` it returns an
+  empty draft tensor without running the draft at all; at > 0 it first catches the draft KV up on
+  positions missed during gamma == 0 steps, then runs vLLM's normal proposal.
+* ``sample_tokens``: attaches what the worker measured (catch-up seconds and tokens, draft forward
+  count) to the returned ``ModelRunnerOutput`` as attribute ``nightjar_stats`` (a plain dict; the
+  object is pickled to the EngineCore process as is), where ``NightjarScheduler`` reads it.
+
+Runners whose engine does not use ``NightjarScheduler`` are left on vLLM's code paths.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("nightjar.engine")
+
+_PATCHED_ATTR = "_nightjar_patched"
+
+
+def nightjar_enabled(vllm_config: Any) -> bool:
+    if os.environ.get("NIGHTJAR_ENGINE", "1") == "0":
+        return False
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or not spec.uses_draft_model():
+        return False
+    cls = vllm_config.scheduler_config.scheduler_cls
+    name = cls if isinstance(cls, str) else f"{getattr(cls, '__module__', '')}.{getattr(cls, '__qualname__', '')}"
+    if not name:
+        return False
+    if name.endswith("NightjarScheduler"):
+        return True
+    try:  # a subclass of ours under another name
+        from nightjar_worker.engine.scheduler import NightjarScheduler
+
+        return isinstance(cls, type) and issubclass(cls, NightjarScheduler)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _catchup(runner: Any) -> Any:
+    c = runner.__dict__.get("_nightjar_catchup", False)
+    if c is False:
+        c = None
+        if nightjar_enabled(runner.vllm_config) and getattr(runner, "drafter", None) is not None:
+            from nightjar_worker.engine.catchup import DraftCatchup
+
+            c = DraftCatchup(runner)
+            log.info("nightjar: draft KV catch-up installed (gamma == 0 skips the draft)")
+        runner._nightjar_catchup = c
+    return c
+
+
+def install() -> bool:
+    """Wrap the two runner methods (idempotent). Returns True if this call patched them."""
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from nightjar_worker.engine.catchup import WorkerStepStats
+
+    if getattr(GPUModelRunner, _PATCHED_ATTR, False):
+        return False
+    orig_propose = GPUModelRunner.propose_draft_token_ids
+    orig_sample = GPUModelRunner.sample_tokens
+
+    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):  # noqa: ANN001
+        c = _catchup(self)
+        if c is None:
+            return orig_propose(self, scheduler_output, *args, **kwargs)
+        cad = kwargs.get("common_attn_metadata", args[6] if len(args) > 6 else None)
+        stats = self.__dict__.setdefault("_nightjar_step_stats", WorkerStepStats())
+        return c.on_propose(scheduler_output, cad, lambda: orig_propose(self, scheduler_output, *args, **kwargs), stats)
+
+    def sample_tokens(self, grammar_output):  # noqa: ANN001
+        self._nightjar_step_stats = WorkerStepStats()
+        out = orig_sample(self, grammar_output)
+        if (
+            self.__dict__.get("_nightjar_catchup")
+            and isinstance(out, ModelRunnerOutput)
+            and out is not EMPTY_MODEL_RUNNER_OUTPUT
+        ):
+            out.nightjar_stats = self._nightjar_step_stats.as_dict()
+        return out
+
+    propose_draft_token_ids.__wrapped__ = orig_propose  # type: ignore[attr-defined]
+    sample_tokens.__wrapped__ = orig_sample  # type: ignore[attr-defined]
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+    GPUModelRunner.sample_tokens = sample_tokens
+    setattr(GPUModelRunner, _PATCHED_ATTR, True)
+    return True

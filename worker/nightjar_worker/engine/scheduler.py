@@ -1,0 +1,156 @@
+"""``NightjarScheduler``: vLLM's V1 scheduler with a gamma decision per decoding step.
+
+Enable with ``LLM(..., scheduler_cls="nightjar_worker.engine.scheduler.NightjarScheduler")`` or
+``--scheduler-cls nightjar_worker.engine.scheduler.NightjarScheduler`` and a ``speculative_config``
+whose ``num_speculative_tokens`` is K (the largest arm). The ``vllm.general_plugins`` entry point
+(``nightjar_worker.vllm_plugin``) installs the model-runner side in the worker process.
+
+Step contract (see ``nightjar_worker.planner.policy``):
+  1. ``schedule()``: gamma = policy.decide(batch) with batch = requests running before this step;
+     every running request's proposed drafts are trimmed to gamma (limits verification), and the
+     output's ``num_spec_tokens_to_schedule = gamma`` tells the model runner how many drafts to
+     propose for the next step. gamma == 0 makes the runner skip the draft model entirely (no
+     forward); when gamma > 0 follows gamma == 0 the runner first catches the draft's KV cache up
+     on the tokens it missed (``catchup.py``).
+  2. ``update_from_output()``: a ``StepStats`` is built (wall time from the start of ``schedule`` to
+     the start of ``update_from_output``, catch-up excluded; tokens emitted by the whole batch;
+     drafts verified and accepted; catch-up time from the worker) and fed back to the policy as
+     ``StepFeedback`` with ``switch_cost_s`` = catch-up time (C_switch).
+
+vLLM marks the scheduler interface as not public: ``version.py`` pins ``0.32.*`` and refuses others.
+CPU (and our hooks) run the synchronous scheduler; async scheduling must be off (``engine_args.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from nightjar_worker.engine.version import check_vllm_version
+
+log = logging.getLogger("nightjar.engine")
+
+NIGHTJAR_SCHEDULER_CLS = "nightjar_worker.engine.scheduler.NightjarScheduler"
+
+
+class NightjarScheduler(Scheduler):
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        check_vllm_version()
+        _check_pair(vllm_config)
+        super().__init__(vllm_config, *args, **kwargs)
+        spec = vllm_config.speculative_config
+        self.nightjar_enabled = spec is not None and self.num_spec_tokens > 0
+        self.nightjar_step = 0
+        self._inflight: tuple[Any, float, int, int, float] | None = None
+        self.nightjar_control: Any = None
+        self.nightjar_memory: Any = None  # ElasticMemoryManager (memory area), when enabled
+        if not self.nightjar_enabled:
+            log.warning("nightjar: no speculative_config (K=0): NightjarScheduler acts as vLLM's scheduler")
+            return
+        if self.dynamic_sd_lookup is not None:
+            log.warning("nightjar: num_speculative_tokens_per_batch_size is ignored; the Nightjar policy decides")
+        # A non-None lookup turns off vLLM's padding of resumed requests to K placeholder drafts
+        # (a CUDA-graph aid): with gamma < K it would verify drafts the policy did not ask for.
+        self.dynamic_sd_lookup = [self.num_spec_tokens] * (self.scheduler_config.max_num_seqs + 1)
+        from nightjar_worker.engine.control import EngineControl
+
+        self.nightjar_control = EngineControl(self.num_spec_tokens)
+        self.nightjar_control.run_scheduler_hook(self)
+        log.info("nightjar: NightjarScheduler active, K=%d, policy=%s", self.num_spec_tokens,
+                 getattr(self.nightjar_control.policy, "name", "?"))
+        from nightjar_worker.memory.manager import ElasticMemoryManager
+
+        self.nightjar_memory = ElasticMemoryManager.attach_if_enabled(self, vllm_config)
+
+    @property
+    def gamma_policy(self) -> Any:
+        """The live gamma policy (``Scheduler.policy`` is vLLM's FCFS/priority policy)."""
+        return None if self.nightjar_control is None else self.nightjar_control.policy
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.nightjar_enabled:
+            return super().schedule(*args, **kwargs)
+        t0 = time.perf_counter()
+        batch = len(self.running)
+        gamma, decide_s = self.nightjar_control.decide(batch)
+        if self.nightjar_memory is not None:  # gamma 0 unless the draft is fully resident
+            gamma = self.nightjar_memory.on_step(gamma).clamp(gamma)
+        for req in self.running:
+            if len(req.spec_token_ids) > gamma:
+                req.spec_token_ids = req.spec_token_ids[:gamma]
+        out = super().schedule(*args, **kwargs)
+        out.num_spec_tokens_to_schedule = gamma
+        self._inflight = (out, t0, gamma, batch, decide_s)
+        return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        t1 = time.perf_counter()
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and inflight[0] is scheduler_output and scheduler_output.total_num_scheduled_tokens > 0:
+            self._feedback(inflight, t1, scheduler_output, model_runner_output)
+        return result
+
+    def _feedback(self, inflight: tuple, t1: float, so: Any, mro: Any) -> None:
+        from nightjar_worker.engine.step_stats import StepStats
+
+        _, t0, gamma, batch, decide_s = inflight
+        tokens = drafts = accepted = prefill = 0
+        sampled = mro.sampled_token_ids or []
+        index = mro.req_id_to_index or {}
+        for req_id, n_sched in so.num_scheduled_tokens.items():
+            i = index.get(req_id)
+            gen = sampled[i] if i is not None and i < len(sampled) else []
+            n_spec = len(so.scheduled_spec_decode_tokens.get(req_id, ()))
+            if gen:
+                tokens += len(gen)
+                if n_spec:
+                    drafts += n_spec
+                    accepted += max(0, len(gen) - 1)
+            prefill += max(0, n_sched - 1 - n_spec)
+        worker = getattr(mro, "nightjar_stats", None) or {}
+        catchup_s = float(worker.get("catchup_s", 0.0))
+        stats = StepStats(
+            step=self.nightjar_step,
+            batch_size=batch,
+            num_reqs=len(so.num_scheduled_tokens),
+            gamma=gamma,
+            step_time_s=max(1e-9, (t1 - t0) - catchup_s),
+            tokens_emitted=tokens,
+            num_draft_tokens=drafts,
+            num_accepted_tokens=accepted,
+            catchup_s=catchup_s,
+            catchup_tokens=int(worker.get("catchup_tokens", 0)),
+            draft_forwards=int(worker.get("draft_forwards", 0)),
+            num_prefill_tokens=prefill,
+            decide_s=decide_s,
+            time=time.time(),
+        )
+        self.nightjar_step += 1
+        self.nightjar_control.observe(stats)
+
+    def shutdown(self) -> None:
+        if self.nightjar_control is not None:
+            self.nightjar_control.close()
+        if self.nightjar_memory is not None:
+            self.nightjar_memory.close()
+        super().shutdown()
+
+
+def _check_pair(vllm_config: Any) -> None:
+    """Refuse a draft whose tokenizer/vocabulary differs from the target's (local folders only)."""
+    spec = vllm_config.speculative_config
+    if spec is None or getattr(spec, "draft_model_config", None) is None or spec.method in ("ngram", "suffix"):
+        return
+    target = vllm_config.model_config.tokenizer or vllm_config.model_config.model
+    draft = spec.draft_model_config.model  # vLLM hands the draft the target's tokenizer: check its own folder
+    if not (os.path.isdir(target) and os.path.isdir(draft)):
+        log.warning("nightjar: draft/target tokenizer check skipped (not local folders: %s, %s)", target, draft)
+        return
+    from nightjar_worker.engine.pair_check import check_pair
+
+    check_pair(target, draft)

@@ -1,0 +1,25 @@
+"""vLLM ``general_plugins`` entry point (declared in pyproject): ``register()`` runs in every vLLM
+process (API server, EngineCore, workers). It installs Nightjar's model-runner hooks
+(``engine/runner_hooks.py``); they stay inert unless the engine runs ``NightjarScheduler``.
+On an unsupported vLLM version it installs nothing and says so; the scheduler then refuses to
+start with the same message (``engine/version.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("nightjar.plugin")
+
+
+def register() -> None:
+    from nightjar_worker.engine.version import UnsupportedVLLMVersion, check_vllm_version
+
+    try:
+        check_vllm_version()
+    except UnsupportedVLLMVersion as e:
+        log.warning("%s (Nightjar hooks not installed)", e)
+        return
+    from nightjar_worker.engine.runner_hooks import install
+
+    install()
