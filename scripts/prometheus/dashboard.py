@@ -267,14 +267,15 @@ def overview() -> dict[str, Any]:
     state = timeseries(
         "Draft state",
         "Draft weights per worker (nightjar_draft_state): resident, offloading, offloaded (its bytes lent "
-        "to the KV cache), reloading.",
+        "to the KV cache), reloading, draining (waiting for in-flight drafts before offloading).",
         [target(f"max by (instance) (nightjar_draft_state{{{S}}})", "{{instance}}")], unit="short")
     state["type"] = "state-timeline"
     state["fieldConfig"]["defaults"]["mappings"] = [{"type": "value", "options": {
         "0": {"text": "resident", "color": "green", "index": 0},
         "1": {"text": "offloading", "color": "yellow", "index": 1},
         "2": {"text": "offloaded", "color": "blue", "index": 2},
-        "3": {"text": "reloading", "color": "orange", "index": 3}}}]
+        "3": {"text": "reloading", "color": "orange", "index": 3},
+        "4": {"text": "draining", "color": "purple", "index": 4}}}]
     state["fieldConfig"]["defaults"].pop("custom")
     state["options"] = {"showValue": "auto", "mergeValues": True, "rowHeight": 0.9,
                         "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}}

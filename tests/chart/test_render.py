@@ -133,6 +133,13 @@ def test_monitoring_objects_gated_on_api(helm):
     ep = pm["spec"]["podMetricsEndpoints"][0]
     assert ep["port"] == "http" and ep["path"] == "/metrics"
     assert {"sourceLabels": ["__meta_kubernetes_pod_label_nightjar_dev_deployment"], "targetLabel": "nightjar_deployment"} in ep["relabelings"]
+    # vLLM's names restored after OpenMetrics escaping, exactly as the observability tests' Prometheus does.
+    sys.path.insert(0, str(ROOT / "tests/observability"))
+    from promutil import WORKER_METRIC_RELABEL
+
+    as_prom = [{"source_labels": r["sourceLabels"], "regex": r["regex"], "target_label": r["targetLabel"],
+                "replacement": r["replacement"]} for r in ep["metricRelabelings"]]
+    assert as_prom == WORKER_METRIC_RELABEL
     # The PrometheusRule carries the rule files' groups unchanged.
     rule = objs.one("PrometheusRule")
     files = sorted((CHART / "rules").glob("*.yaml"))

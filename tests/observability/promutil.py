@@ -22,6 +22,12 @@ RULE_FILES = sorted((CHART / "rules").glob("*.yaml"))
 DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 METRIC_RE = re.compile(r"\b(nightjar[a-z0-9_:]*|vllm:[a-z0-9_:]+)")
 
+# The chart's PodMonitor metricRelabelings, as a Prometheus metric_relabel_configs entry: the tests'
+# Prometheus scrapes the way the chart's PodMonitor does (tests/chart checks the two agree).
+WORKER_METRIC_RELABEL = [
+    {"source_labels": ["__name__"], "regex": "vllm_(.+)", "target_label": "__name__", "replacement": "vllm:$1"},
+]
+
 # What Grafana substitutes, for running the panel queries against a plain Prometheus.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m", "$namespace": ".*", "$deployment": ".*"}
 
@@ -71,9 +77,8 @@ def _suffixed(base: str, kind: str) -> set[str]:
 
 
 def worker_metric_names() -> set[str]:
-    from prometheus_client import Counter, Gauge, Histogram
-
     import nightjar_worker.metrics as m
+    from prometheus_client import Counter, Gauge, Histogram
 
     out: set[str] = set()
     for v in vars(m).values():
@@ -84,9 +89,8 @@ def worker_metric_names() -> set[str]:
 
 
 def operator_metric_names() -> set[str]:
-    from prometheus_client import CollectorRegistry
-
     from nightjar_operator.metrics import OperatorMetrics
+    from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry()
     OperatorMetrics(registry=reg)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from promutil import (
     RULE_FILES,
+    WORKER_METRIC_RELABEL,
     Prometheus,
     base_metrics,
     free_port,
@@ -52,7 +53,7 @@ def worker_target(tmp_path):
     port = free_port()
     # Prometheus first (so it sees the target's counters move from their first samples), then the target.
     prom = Prometheus(tmp_path / "prom", [{
-        "job_name": "nightjar-workers",
+        "job_name": "nightjar-workers", "metric_relabel_configs": WORKER_METRIC_RELABEL,
         "static_configs": [{"targets": [f"127.0.0.1:{port}"],
                             "labels": {"namespace": "obs-test", "nightjar_deployment": "demo", "pod": "demo-0"}}],
     }], RULE_FILES)
