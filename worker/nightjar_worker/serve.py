@@ -214,7 +214,7 @@ class ServerProcess:
         port: int | None = None,
         env: dict[str, str] | None = None,
         log_path: str | os.PathLike[str] | None = None,
-        startup_timeout_s: float = 300.0,
+        startup_timeout_s: float = float(os.environ.get("NIGHTJAR_STARTUP_TIMEOUT_S", "900")),
     ) -> None:
         self.port = port or free_port()
         self.args = list(args)
