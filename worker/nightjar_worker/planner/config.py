@@ -81,7 +81,7 @@ class PlannerConfig(BaseModel):
         0.02, description="relative margin a challenger arm must beat the incumbent by before switching"
     )
     discount: float = Field(
-        0.999, description="per-observation decay of old evidence (1.0 = stationary)"
+        0.9995, description="per-observation decay of old evidence (1.0 = stationary)"
     )
     switch_amortise_steps: int = Field(
         32, description="steps over which C_switch charged to a 0->k decision is amortised"
@@ -92,6 +92,15 @@ class PlannerConfig(BaseModel):
     confidence_z: float = Field(2.0, description="width of those confidence intervals in standard errors")
     share_weight: float = Field(
         2.0, description="pseudo-count of evidence transferred from each neighbouring bucket"
+    )
+    growing_window: bool = Field(
+        True, description="forget early evidence at rate 1/(t+10) per observation (cold-start transients)"
+    )
+    normalise_batch: bool = Field(
+        True, description="learn loss x batch / bucket_lo, removing the 1/batch trend inside a bucket"
+    )
+    prefill_correction: bool = Field(
+        True, description="subtract the learnt cost of prefill tokens merged into a step from its loss"
     )
     paper_mode: bool = Field(
         False, description="ablation: the paper's per-bucket scheme only (no sharing, no pruning, no hysteresis)"

@@ -20,7 +20,14 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
     confined between the best arms of established neighbours on either side;
   * ``hysteresis``: a challenger must beat the arm in use by a relative margin;
   * C_switch is learnt separately from the arms' step losses (the paper folds it into the loss of
-    the switching step, which makes that arm look bad in whichever bucket happened to switch).
+    the switching step, which makes that arm look bad in whichever bucket happened to switch);
+  * ``normalise_batch``: the loss is learnt as loss * batch / bucket_lo (per-token loss falls like
+    1/batch in the memory-bound regime, which otherwise confounds arms held at different batch sizes
+    inside one bucket); ``snapshot``/priors use these normalised units (loss at the bucket's lower
+    edge);
+  * ``prefill_correction``: prompt tokens prefilled in the same step (``StepFeedback.prefill_tokens``)
+    cost the same whatever gamma is; their learnt per-token cost is subtracted, otherwise arms that
+    emit more tokens look better merely by amortising someone else's prefill.
 
 Evidence is discounted per observation (``discount``) so the planner tracks drifting acceptance.
 
@@ -37,7 +44,9 @@ from nightjar_worker.planner.config import PlannerConfig, PlannerPriors, PriorEn
 from nightjar_worker.planner.policy import StepFeedback
 
 _DEFAULT_CV = 0.3  # relative noise assumed before a bucket has its own estimate
-_ESTABLISHED = 32.0  # effective observations before a bucket's best arm constrains its neighbours
+_ESTABLISHED = 32.0
+_MIN_ELIMINATE = 4.0
+_LAG_DECAY = 1.0 - 1.0 / 256  # an arm is never ruled out on fewer (effective) observations  # effective observations before a bucket's best arm constrains its neighbours
 
 
 @dataclass
@@ -68,11 +77,21 @@ class NightjarPolicy:
         # Discounted sufficient statistics per bucket and arm, stored scaled by self._w[c] (each new
         # observation enters with weight w, then w /= discount), so discounting is O(1).
         self._w = [1.0] * nb
+        self._t = [0] * nb  # observations per bucket
         self._n = [[0.0] * na for _ in range(nb)]
         self._s = [[0.0] * na for _ in range(nb)]
         self._ss = [[0.0] * na for _ in range(nb)]
         self._tok = [[0.0] * na for _ in range(nb)]
         self._tpot = [[0.0] * na for _ in range(nb)]
+        # Prefill correction: sum of prefill_tokens * norm / tokens per cell, and a pooled
+        # within-cell regression of step time on prefill tokens (slope = seconds per prompt token).
+        self._sp = [[0.0] * na for _ in range(nb)]
+        self._mp: list[list[float | None]] = [[None] * na for _ in range(nb)]
+        self._mt = [[0.0] * na for _ in range(nb)]
+        self._sxy = 0.0
+        self._sxx = 0.0
+        self._beta = 0.0
+        self._bmean = [float(e) for e in self._edges]  # moving mean batch size per bucket
         self._pn = [[0.0] * na for _ in range(nb)]  # priors (same scaling)
         self._ps = [[0.0] * na for _ in range(nb)]
         # Hierarchical schedule per bucket.
@@ -85,6 +104,8 @@ class NightjarPolicy:
         self._best = [-1] * nb  # cached exploit arm index (for the monotone prior)
         self._last_gamma = 0
         self._switch_ema: float | None = None
+        self._sw_rate: float | None = None  # learnt C_switch seconds per token missed while off
+        self._off_tokens = 0.0  # tokens emitted/prefilled since speculation went off
         self.stats = NightjarStats()
         self._apply_knobs(config)
 
@@ -99,6 +120,9 @@ class NightjarPolicy:
         self._slo = c.slo_tpot_s
         self._d = c.discount
         self._max_exp = c.max_block_exp
+        self._norm = c.normalise_batch and not paper
+        self._grow = c.growing_window and not paper
+        self._prefill = c.prefill_correction and not paper
 
     def apply_config(self, config: PlannerConfig) -> None:
         """Runtime update of the exploration knobs, SLO and switch-cost override (same arms/buckets)."""
@@ -144,6 +168,9 @@ class NightjarPolicy:
         else:
             a = self._new_bin(c)
         g = self._arms[a]
+        if (g > 0) != (self._last_gamma > 0) and not self._paper:
+            a = self._guard_flip(c, a)
+            g = self._arms[a]
         st = self.stats
         st.decisions += 1
         if (g > 0) != (self._last_gamma > 0):
@@ -160,6 +187,14 @@ class NightjarPolicy:
             e = self._switch_ema
             self._switch_ema = fb.switch_cost_s if e is None else 0.8 * e + 0.2 * fb.switch_cost_s
             self.stats.switch_cost_s_ema = self._switch_ema
+            # C_switch grows with what the draft missed while off: learn seconds per missed token.
+            r = fb.switch_cost_s / max(self._off_tokens, 1.0)
+            self._sw_rate = r if self._sw_rate is None else 0.7 * self._sw_rate + 0.3 * r
+        if fb.gamma == 0:
+            # what the draft misses; requests that finish take their share away (~1/256 per step)
+            self._off_tokens = self._off_tokens * _LAG_DECAY + fb.tokens_emitted + fb.prefill_tokens
+        else:
+            self._off_tokens = 0.0
         i = self._arm_idx.get(fb.gamma)
         if i is None:
             return
@@ -167,16 +202,42 @@ class NightjarPolicy:
         b = fb.batch_size
         c = lut[b] if 0 <= b < len(lut) else lut[-1]
         tokens = max(1, fb.tokens_emitted)
-        t = fb.step_time_s + fb.switch_cost_s if self._paper else fb.step_time_s
-        loss = t / tokens
         w = self._w[c]
+        t = fb.step_time_s
+        p = fb.prefill_tokens
+        if self._paper:
+            t += fb.switch_cost_s  # the paper charges C_switch to the switching step itself
+        self._bmean[c] += 0.05 * (b - self._bmean[c])
+        scale = (max(1, b) / self._edges[c] if self._norm else 1.0) / tokens
+        if self._prefill:
+            mp = self._mp[c][i]
+            if mp is None:
+                self._mp[c][i] = float(p)
+                self._mt[c][i] = t
+            else:
+                x, y = p - mp, t - self._mt[c][i]
+                self._sxy = 0.9995 * self._sxy + x * y
+                self._sxx = 0.9995 * self._sxx + x * x
+                if self._sxx > 0:
+                    self._beta = max(0.0, self._sxy / self._sxx)
+                self._mp[c][i] = mp + 0.05 * x
+                self._mt[c][i] += 0.05 * y
+            self._sp[c][i] += w * p * scale
+            loss = max(t - self._beta * p, 0.25 * t) * scale
+        else:
+            loss = t * scale
         self._n[c][i] += w
-        self._s[c][i] += w * loss
+        self._s[c][i] += w * t * scale
         self._ss[c][i] += w * loss * loss
         self._tok[c][i] += w * tokens
         self._tpot[c][i] += w * t * max(1, b) / tokens
-        if self._d < 1.0:
-            w /= self._d
+        # Growing-window forgetting: discount 1 - 1/(t + 10) for the bucket's t-th observation
+        # (weights grow linearly with recency, so a cold-start transient fades), floored at the
+        # configured discount (the tracking horizon in steady state).
+        self._t[c] += 1
+        d = min(self._d, 1.0 - 1.0 / (self._t[c] + 10.0)) if self._grow else self._d
+        if d < 1.0:
+            w /= d
             if w > 1e150:
                 self._rescale(c, w)
                 w = 1.0
@@ -184,7 +245,7 @@ class NightjarPolicy:
 
     # -- internals -----------------------------------------------------------------------------
     def _rescale(self, c: int, w: float) -> None:
-        for arr in (self._n, self._s, self._ss, self._tok, self._tpot, self._pn, self._ps):
+        for arr in (self._n, self._s, self._ss, self._tok, self._tpot, self._sp, self._pn, self._ps):
             row = arr[c]
             for i in range(len(row)):
                 row[i] /= w
@@ -192,7 +253,8 @@ class NightjarPolicy:
     def _estimates(self, c: int) -> tuple[list[float | None], list[float]]:
         """Smoothed mean loss and effective count per arm (priors and neighbour evidence included)."""
         na = len(self._arms)
-        n, s, pn, ps = self._n[c], self._s[c], self._pn[c], self._ps[c]
+        n, pn, ps = self._n[c], self._pn[c], self._ps[c]
+        s = self._corrected(c)
         tn = [n[i] + pn[i] for i in range(na)]
         ts = [s[i] + ps[i] for i in range(na)]
         if self._share:
@@ -203,16 +265,24 @@ class NightjarPolicy:
         inv = 1.0 / self._w[c]
         return means, [x * inv for x in tn]
 
+    def _corrected(self, c: int) -> list[float]:
+        """Loss sums of bucket c with the learnt prefill cost taken out."""
+        if not self._prefill or self._beta <= 0:
+            return self._s[c]
+        beta = self._beta
+        return [max(a - beta * b, 0.25 * a) for a, b in zip(self._s[c], self._sp[c], strict=True)]
+
     def _borrow(self, c: int, d: int, tn: list[float], ts: list[float]) -> None:
         """Add neighbour d's evidence to bucket c, rescaled via a reference arm both have tried."""
-        nc, sc, nd, sd = self._n[c], self._s[c], self._n[d], self._s[d]
+        nc, nd = self._n[c], self._n[d]
+        sc, sd = self._corrected(c), self._corrected(d)
         inv_c, inv_d = 1.0 / self._w[c], 1.0 / self._w[d]
         ref, ref_n = -1, 0.0
         for i in range(len(nc)):
             m = min(nc[i] * inv_c, nd[i] * inv_d)
             if m > ref_n:
                 ref, ref_n = i, m
-        if ref < 0 or ref_n < 1.0:
+        if ref < 0 or ref_n < 1.0 or sd[ref] <= 0 or sc[ref] <= 0:
             return
         ratio = (sc[ref] / nc[ref]) / (sd[ref] / nd[ref])
         wc = self._w[c]
@@ -224,27 +294,74 @@ class NightjarPolicy:
             tn[i] += k
             ts[i] += k * ratio * sd[i] / nd[i]
 
-    def _cv(self, c: int) -> float:
-        n, s, ss = self._n[c], self._s[c], self._ss[c]
+    def _cvs(self, c: int) -> list[float]:
+        """Relative noise (coefficient of variation) of each arm's loss in bucket c: the arm's own
+        estimate shrunk towards the bucket's pooled one (worth 3 observations), so one outlier in a
+        barely tried arm widens its interval instead of being trusted."""
+        n, s, ss = self._n[c], self._corrected(c), self._ss[c]
+        inv = 1.0 / self._w[c]
+        own: list[float | None] = []
         num = den = 0.0
         for i in range(len(n)):
-            if n[i] * (1.0 / self._w[c]) >= 2.0:
+            if n[i] * inv >= 2.0 and s[i] > 0:
                 m = s[i] / n[i]
-                var = max(ss[i] / n[i] - m * m, 0.0)
-                num += n[i] * var / (m * m)
+                v = max(ss[i] / n[i] - m * m, 0.0) / (m * m)
+                own.append(v)
+                num += n[i] * v
                 den += n[i]
-        return math.sqrt(num / den) if den > 0 else _DEFAULT_CV
+            else:
+                own.append(None)
+        pooled = num / den if den > 0 else _DEFAULT_CV**2
+        out = []
+        for i in range(len(n)):
+            k = n[i] * inv
+            v = own[i]
+            out.append(math.sqrt(pooled if v is None else (k * v + 3.0 * pooled) / (k + 3.0)))
+        return out
+
+    def _switch_cost(self) -> float:
+        """Expected C_switch of resuming speculation now (0 when unknown: optimistic)."""
+        if self.config.switch_cost_s is not None:
+            return self.config.switch_cost_s
+        if self._last_gamma == 0 and self._sw_rate is not None and not self._paper:
+            return self._sw_rate * self._off_tokens
+        return self._switch_ema or 0.0
 
     def _switch_penalty(self, c: int, i: int, counts: list[float]) -> float:
-        """C_switch amortised per token, if playing arm i flips speculation on/off from now."""
+        """C_switch amortised per token, if playing arm i flips speculation on/off from now.
+
+        Turning on pays the predicted catch-up now; turning off is charged the average past C_switch
+        (it will have to be paid again to come back)."""
         if (self._arms[i] > 0) == (self._last_gamma > 0):
             return 0.0
-        cost = self.config.switch_cost_s if self.config.switch_cost_s is not None else self._switch_ema
+        cost = self._switch_cost() if self._arms[i] > 0 else (
+            self.config.switch_cost_s if self.config.switch_cost_s is not None else self._switch_ema
+        )
         if not cost:
             return 0.0
         n = self._n[c][i]
         per_step = self._tok[c][i] / n if n > 0 else float(self._edges[c])
-        return cost / (self.config.switch_amortise_steps * max(per_step, 1.0))
+        pen = cost / (self.config.switch_amortise_steps * max(per_step, 1.0))
+        return pen * self._bmean[c] / self._edges[c] if self._norm else pen
+
+    def _guard_flip(self, c: int, a: int) -> int:
+        """The held arm would turn speculation on/off (e.g. the batch crossed into a bucket whose bin
+        was decided while the engine was in the other state): keep the current on/off state unless
+        the held arm still wins with the switching cost charged."""
+        means, counts = self._estimates(c)
+        if means[a] is None:
+            return a
+        same = [
+            i for i in self._feasible(c)
+            if means[i] is not None and (self._arms[i] > 0) == (self._last_gamma > 0)
+        ]
+        if not same:
+            return a
+        alt = min(same, key=lambda i: means[i])
+        if means[a] + self._switch_penalty(c, a, counts) < means[alt]:
+            return a
+        self._arm[c] = alt  # for the rest of this bin
+        return alt
 
     def _feasible(self, c: int) -> list[int]:
         """Arms meeting the TPOT SLO (unknown ones count as feasible); all arms without an SLO."""
@@ -304,6 +421,10 @@ class NightjarPolicy:
                     choice = least[0] if len(least) == 1 else self._rng.choice(least)
                 if choice != best:
                     st.explore_bins += 1
+                    if not self._paper:
+                        # doubling: an arm with n observations is held at most n + 1 steps, so a
+                        # barely known (possibly bad) arm never gets a whole long bin
+                        self._bin_left[c] = min(self._bin_left[c], int(counts[choice]))
         if choice < 0:
             choice = self._rng.choice(cand)
         self._arm[c] = choice
@@ -329,11 +450,14 @@ class NightjarPolicy:
             if pruned:
                 pool = pruned
         if self._elim and best >= 0:
-            z = self.config.confidence_z * self._cv(c)
-            b_ucb = eff[best] * (1.0 + z / math.sqrt(max(counts[best], 1e-9)))
+            z = self.config.confidence_z
+            cv = self._cvs(c)
+            b_ucb = eff[best] * (1.0 + z * cv[best] / math.sqrt(max(counts[best], 1e-9)))
             pool = [
                 i for i in pool
-                if eff[i] is None or eff[i] * (1.0 - z / math.sqrt(max(counts[i], 1e-9))) <= b_ucb
+                if eff[i] is None
+                or counts[i] < _MIN_ELIMINATE
+                or eff[i] * (1.0 - z * cv[i] / math.sqrt(counts[i])) <= b_ucb
             ]
             if pool == [best]:
                 return []
@@ -361,7 +485,7 @@ class NightjarPolicy:
                 n = self._n[c][i] + self._pn[c][i]
                 if n <= 0:
                     continue
-                m = (self._s[c][i] + self._ps[c][i]) / n
+                m = (self._corrected(c)[i] + self._ps[c][i]) / n
                 if m > 0:
                     entries.append(PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=m, count=n * inv))
         return PlannerPriors(bucket_edges=list(self._edges), entries=entries)

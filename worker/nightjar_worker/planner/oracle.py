@@ -24,7 +24,9 @@ class OraclePolicy:
         config: PlannerConfig,
         profile: CostProfile,
         category_weights: dict[str, float] | None = None,
+        context_tokens: int = 320,
     ) -> None:
+        self.context_tokens = context_tokens  # catch-up is bounded by the running contexts
         self._arms = config.resolved_arms()
         self.profile = profile
         self.horizon = config.switch_amortise_steps
@@ -36,14 +38,11 @@ class OraclePolicy:
             for g in self._arms
         }
         self._loss: list[dict[int, float]] = [{}]
-        self._best_on: list[int] = [0]
         self._best: list[int] = [0]
         for b in range(1, max(config.max_batch, profile.max_batch) + 1):
             losses = {g: profile.step_time(b, g) / (b * self._etok[g]) for g in self._arms}
             self._loss.append(losses)
             self._best.append(min(self._arms, key=losses.__getitem__))
-            on = [g for g in self._arms if g > 0]
-            self._best_on.append(min(on, key=losses.__getitem__) if on else 0)
         self._last = 0
         self._off_tokens = 0.0
 
@@ -61,7 +60,7 @@ class OraclePolicy:
         if g > 0 and self._last == 0 and 0 in self._loss[b]:
             losses = self._loss[b]
             gain = (losses[0] - losses[g]) * self.horizon * b * self._etok[g]
-            if gain < self.profile.switch_cost(self._off_tokens):
+            if gain < self.profile.switch_cost(min(self._off_tokens, b * self.context_tokens)):
                 g = 0
         self._last = g
         return g

@@ -28,6 +28,9 @@ class StepFeedback:
     num_draft_tokens: int = 0  # drafts verified this step (0 for gamma == 0)
     num_accepted_tokens: int = 0
     switch_cost_s: float = 0.0  # draft KV catch-up time charged to this step (C_switch)
+    # prompt tokens prefilled in the same step (chunked prefill merged into the batch); lets a
+    # policy separate the gamma-independent prefill work from the decoding cost. 0 if unknown.
+    prefill_tokens: int = 0
 
     @property
     def loss(self) -> float:

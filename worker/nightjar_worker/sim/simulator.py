@@ -4,9 +4,10 @@ Each iteration is one engine step, driven through the same contract as the real 
 (``policy.decide(batch_size)`` -> run -> ``policy.observe(StepFeedback)``):
 
   * arrivals (pre-generated, identical for every policy under one seed) join a FIFO queue;
-  * queued requests are admitted while the batch has room (``max_batch``) and the KV pool has the
-    blocks for their context; their prefill is merged into the step (chunked-prefill style) and
-    produces their first token; they decode from the next step on;
+  * queued requests are admitted while the batch has room (``max_batch``), the KV pool has the
+    blocks for their context and the step's prefill budget (``max_prefill_tokens``) lasts; their
+    prefill is merged into the step (chunked-prefill style) and produces their first token; they
+    decode from the next step on;
   * the decoding requests each need KV blocks for ``context + gamma + 1`` tokens; when the pool runs
     out, the most recently admitted request is preempted (blocks freed, recomputed on re-admission,
     vLLM's default);
@@ -37,8 +38,8 @@ from nightjar_worker.sim.workload import Request
 class SimResult:
     policy: str
     completed: int
-    output_tokens: int
-    makespan_s: float
+    output_tokens: int  # emitted inside the measurement window
+    makespan_s: float  # measurement window: warm-up end (or first arrival) to the last arrival
     busy_s: float
     steps: int
     mean_token_latency_s: float  # mean over requests of (finish - arrival) / output tokens
@@ -48,6 +49,7 @@ class SimResult:
     preemptions: int
     max_blocks_used: int
     kv_budget_blocks: int
+    total_tokens: int = 0  # every token emitted (all requests, warm-up included)
     gamma_steps: dict[int, int] = field(default_factory=dict)
     step_log: list[tuple[int, int]] | None = None  # (batch, gamma) per step when recorded
 
@@ -70,6 +72,7 @@ class Simulator:
         kv_blocks: int | None = None,
         record_steps: bool = False,
         max_steps: int = 10_000_000,
+        max_prefill_tokens: int = 4096,
     ) -> None:
         self.profile = profile
         self.requests = sorted(requests, key=lambda r: r.arrival_s)
@@ -79,23 +82,38 @@ class Simulator:
         self.kv_blocks = kv_blocks if kv_blocks is not None else profile.kv_blocks_total
         self.record_steps = record_steps
         self.max_steps = max_steps
+        self.max_prefill_tokens = max_prefill_tokens  # per-step prefill budget (max_num_batched_tokens)
         base = profile.step_time(1, 0)
         self._prefill_cache: dict[int, float] = {}
         self._base = base
 
-    def _prefill_time(self, tokens: int, draft_on: bool) -> float:
-        """Incremental cost of merging ``tokens`` prefill tokens into a step."""
+    def _prefill_time(self, batch: int, tokens: int, draft_on: bool) -> float:
+        """Incremental cost of merging ``tokens`` prefill tokens into a step of ``batch`` decoding
+        requests: T(batch + tokens, 0) - T(batch, 0) (cheap while the step is memory-bound,
+        the compute cost per token above the ridge); plus the draft's prefill when it is on."""
         if tokens <= 0:
             return 0.0
-        t = self._prefill_cache.get(tokens)
+        key = (batch, tokens)
+        t = self._prefill_cache.get(key)
         if t is None:
-            t = max(self.profile.step_time(tokens, 0) - self._base, 0.0)
-            self._prefill_cache[tokens] = t
+            b = max(batch, 1)
+            t = max(self.profile.step_time(b + tokens, 0) - self.profile.step_time(b, 0), 0.0)
+            if batch == 0:
+                t += self._base  # a prefill-only step still pays the fixed cost of a forward
+            if len(self._prefill_cache) > 200_000:
+                self._prefill_cache.clear()
+            self._prefill_cache[key] = t
         if draft_on:
             t += self.profile.switch_cost_per_token_s * tokens
         return t
 
-    def run(self, policy: GammaPolicy) -> SimResult:
+    def run(self, policy: GammaPolicy, measure_from_s: float = 0.0) -> SimResult:
+        """Simulate every request to completion.
+
+        Measurement window: from ``measure_from_s`` (a warm-up before it is simulated but not
+        measured) to the last arrival. Throughput = tokens emitted by steps ending inside the window
+        / window length (the drain after the last arrival, run at a small batch, is excluded: it
+        would otherwise dominate saturated runs). Latencies cover the requests arriving in it."""
         prof = self.profile
         bt = prof.block_tokens
         rng = random.Random(self.seed * 7919 + 1)
@@ -135,6 +153,11 @@ class Simulator:
         log: list[tuple[int, int]] | None = [] if self.record_steps else None
         cv = self.noise_cv
         first_arrival = reqs[0].arrival_s
+        w_lo = measure_from_s if measure_from_s > 0 else first_arrival
+        w_hi = reqs[-1].arrival_s
+        if w_hi <= w_lo:
+            raise ValueError("measure_from_s: no request arrives after the warm-up")
+        window_tokens = 0
 
         while len(finish) < n_req:
             while i_arr < n_req and reqs[i_arr].arrival_s <= t:
@@ -153,7 +176,7 @@ class Simulator:
             while waiting and len(running) + len(prefilling) < self.max_batch:
                 st = waiting[0]
                 need = -(-(st[2] + 1) // bt)
-                if need > free:
+                if need > free or (prefilling and prefill_tokens + st[2] > self.max_prefill_tokens):
                     break
                 waiting.pop(0)
                 free -= need
@@ -208,7 +231,7 @@ class Simulator:
             if b > 0:
                 noise = 1.0 + cv * rng.gauss(0.0, 1.0) if cv > 0 else 1.0
                 step_t = prof.step_time(b, g) * min(max(noise, 0.5), 1.5)
-            step_t += self._prefill_time(prefill_tokens, draft_on)
+            step_t += self._prefill_time(b, prefill_tokens, draft_on)
 
             # Tokens: geometric acceptance per request.
             emitted = 0
@@ -254,6 +277,8 @@ class Simulator:
                     running.append(st)
             prefilling = []
             out_tokens += emitted
+            if w_lo < t_end <= w_hi:
+                window_tokens += emitted
             busy += step_t + sw
             t = t_end
 
@@ -267,6 +292,7 @@ class Simulator:
                         num_draft_tokens=b * g,
                         num_accepted_tokens=accepted_total,
                         switch_cost_s=sw,
+                        prefill_tokens=prefill_tokens,
                     )
                 )
                 gsteps[g] = gsteps.get(g, 0) + 1
@@ -283,15 +309,19 @@ class Simulator:
         lat = []
         tpot = []
         for r in reqs:
+            if r.arrival_s < measure_from_s:
+                continue
             f, first = finish[r.rid]
             lat.append((f - r.arrival_s) / r.output_tokens)
             if r.output_tokens > 1:
                 tpot.append((f - first) / (r.output_tokens - 1))
+        if not lat:
+            raise ValueError("measure_from_s: no request arrives after the warm-up")
         return SimResult(
             policy=getattr(policy, "name", type(policy).__name__),
             completed=len(finish),
-            output_tokens=out_tokens,
-            makespan_s=t - first_arrival,
+            output_tokens=window_tokens,
+            makespan_s=w_hi - w_lo,
             busy_s=busy,
             steps=steps,
             mean_token_latency_s=sum(lat) / len(lat),
@@ -301,6 +331,7 @@ class Simulator:
             preemptions=preemptions,
             max_blocks_used=max_used,
             kv_budget_blocks=budget,
+            total_tokens=out_tokens,
             gamma_steps=gsteps,
             step_log=log,
         )

@@ -1,0 +1,287 @@
+"""make bench-planner: Nightjar's planner against the baselines in the step-level simulator.
+
+For each cost profile (the analytic H100/7B roofline; ``PROFILE=<path>`` to choose another; any
+``benchmarks/profiles/cpu-*.json`` measured by the engine is run too) and each load (low, mid, high,
+saturated, and a low->high->low dynamic trace), every policy serves the same requests (same arrival,
+length and noise seeds). Loads are fractions of the oracle's saturated capacity, measured first.
+
+Printed: a table (rows: policies; cells: throughput and mean per-token latency, both with their
+ratio to the oracle), an ablation of Nightjar's extensions, the regret-vs-steps curves (PNG, fitted
+log-log slope) and the decision overhead. Last line:
+``RESULT oracle_ratio=... best_static_ratio=... regret_exponent=... decide_us=...`` for the first
+profile. Definitions: docs/planner.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from nightjar_worker.planner import PlannerConfig, build_policy
+from nightjar_worker.planner.oracle import OraclePolicy
+from nightjar_worker.planner.policy import StepFeedback
+from nightjar_worker.sim.profile import CostProfile
+from nightjar_worker.sim.regret import RegretEnv, batch_contexts, cumulative_regret, loglog_slope
+from nightjar_worker.sim.simulator import Simulator
+from nightjar_worker.sim.workload import Workload, dynamic_trace, make_requests
+
+from benchmarks.common import is_quick, print_result, print_table, results_dir, save_plot, write_json
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_PROFILE = ROOT / "profiles" / "roofline-h100-7b.json"
+K = 4
+# A plausible hand-written vLLM num_speculative_tokens_per_batch_size table (what an operator
+# without a profiler would set): long drafts for small batches, none for large ones.
+TABLE = {1: 4, 16: 3, 32: 2, 64: 1, 128: 0}
+ABLATIONS = {
+    "nightjar": {},
+    "paper (all off)": {"paper_mode": True},
+    "- neighbour sharing": {"share_neighbours": False},
+    "- elimination": {"eliminate": False},
+    "- monotone prior": {"monotone_prior": False},
+    "- hysteresis": {"hysteresis": 0.0},
+    "- batch normalisation": {"normalise_batch": False},
+    "- prefill correction": {"prefill_correction": False},
+}
+LOADS = ("low", "mid", "high", "saturated", "dynamic")
+
+
+def policy_specs() -> dict[str, dict]:
+    specs: dict[str, dict] = {"nosd": {"policy": "nosd"}}
+    for k in range(1, K + 1):
+        specs[f"static-{k}"] = {"policy": "static", "static_gamma": k}
+    specs["table (vLLM)"] = {"policy": "table", "gamma_table": TABLE}
+    specs["dsd"] = {"policy": "dsd"}
+    specs["ucb"] = {"policy": "ucb"}
+    specs["nightjar"] = {"policy": "nightjar"}
+    specs["nightjar (paper)"] = {"policy": "nightjar", "paper_mode": True}
+    specs["oracle"] = {"policy": "oracle"}
+    return specs
+
+
+def make_policy(spec: dict, profile: CostProfile, seed: int):
+    cfg = PlannerConfig(max_gamma=K, max_batch=profile.max_batch, seed=seed, **spec)
+    if cfg.policy == "oracle":
+        return OraclePolicy(cfg, profile, Workload().category_weights())
+    return build_policy(cfg, profile)
+
+
+def load_trace(load: str, cap_rps: float, quick: bool) -> tuple[list[tuple[float, float]], float]:
+    """(rate trace, warm-up seconds) for a load level; rates are fractions of capacity."""
+    f = {"low": 0.05, "mid": 0.3, "high": 0.7}
+    scale = 0.35 if quick else 1.0
+    if load in f:
+        rate = f[load] * cap_rps
+        n = {"low": 900, "mid": 4000, "high": 7000}[load] * scale
+        dur = n / rate
+        return [(dur, rate)], 0.2 * dur
+    if load == "saturated":
+        rate = 1.5 * cap_rps
+        dur = 7000 * scale / rate
+        return [(dur, rate)], 0.3 * dur
+    lo, hi = 0.05 * cap_rps, 0.9 * cap_rps
+    phase = 2500 * scale / hi  # high phase carries ~2500 requests (full)
+    return dynamic_trace(lo, hi, phase), 0.5 * phase
+
+
+def run_one(args: tuple[str, str, dict, list, float, int]) -> dict:
+    profile_path, name, spec, trace, warm, seed = args
+    profile = CostProfile.load(profile_path)
+    reqs = make_requests(trace, seed)
+    pol = make_policy(spec, profile, seed)
+    t0 = time.perf_counter()
+    res = Simulator(profile, reqs, seed=seed).run(pol, measure_from_s=warm)
+    return {
+        "policy": name,
+        "throughput": res.throughput_tok_s,
+        "latency": res.mean_token_latency_s,
+        "tpot": res.mean_tpot_s,
+        "steps": res.steps,
+        "switches": res.switches_on,
+        "preemptions": res.preemptions,
+        "gamma_steps": res.gamma_steps,
+        "requests": res.completed,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def capacity_rps(profile_path: str, quick: bool) -> float:
+    """Oracle throughput at overload, in requests per second: an analytic estimate (full batch,
+    best gamma, prefill at the profile's marginal cost per token) sets a 1.5x overload rate, then
+    the simulator measures the oracle's steady-state throughput under it."""
+    profile = CostProfile.load(profile_path)
+    wl = Workload()
+    b = profile.max_batch
+    oracle = make_policy({"policy": "oracle"}, profile, 0)
+    per_tok = min(oracle.expected_loss(b, g) for g in oracle.arms)
+    pre_tok = max(profile.step_time(2 * b, 0) - profile.step_time(b, 0), 0.0) / b
+    mean_prompt = sum(
+        wl.spec[c]["weight"] * sum(wl.spec[c]["prompt_tokens"]) / len(wl.spec[c]["prompt_tokens"])
+        for c in wl.categories
+    )
+    est = 1.0 / (wl.mean_output_tokens() * per_tok + mean_prompt * pre_tok)
+    n = 2500 if quick else 6000
+    rate = 1.5 * est
+    reqs = make_requests([(n / rate, rate)], seed=99)
+    res = Simulator(profile, reqs, seed=99).run(oracle, n / rate * 0.4)
+    return res.throughput_tok_s / wl.mean_output_tokens()
+
+
+def regret_study(profile: CostProfile, quick: bool, out: Path, tag: str) -> tuple[float, float, dict]:
+    """Average regret curves over seeds; returns (nightjar slope, median decide us, details)."""
+    n = 30_000 if quick else 200_000
+    seeds = 3 if quick else 5
+    wl = Workload().category_weights()
+    names = {"nightjar": {}, "nightjar (paper)": {"paper_mode": True}, "ucb": {"policy": "ucb"}}
+    curves: dict[str, list[float]] = {}
+    decide: list[float] = []
+    totals = {}
+    for name, extra in names.items():
+        acc = [0.0] * n
+        tot = 0.0
+        for seed in range(seeds):
+            cfg = PlannerConfig(max_gamma=K, max_batch=profile.max_batch, seed=seed, **extra)
+            env = RegretEnv(profile, wl, cfg.resolved_arms(), batch_contexts(n, seed, profile.max_batch), seed=seed)
+            lo, _ = env.run(OraclePolicy(cfg, profile, wl))
+            pol = build_policy(cfg, profile)
+            lp, d = env.run(pol, time_decisions=(name == "nightjar"))
+            decide.extend(d)
+            r = cumulative_regret(lp, lo)
+            acc = [a + b / seeds for a, b in zip(acc, r, strict=True)]
+            tot += sum(lo) / seeds
+        curves[name] = acc
+        totals[name] = acc[-1] / tot
+    slopes = {k: loglog_slope(v) for k, v in curves.items()}
+    idx = sorted({int(round(n ** (i / 60))) for i in range(10, 61)})
+    series = {
+        f"{k} (slope {slopes[k]:.2f})": ([i for i in idx if v[i - 1] > 0], [v[i - 1] for i in idx if v[i - 1] > 0])
+        for k, v in curves.items()
+    }
+    save_plot(
+        out / f"regret-{tag}.png", series, title=f"Cumulative regret vs steps ({tag})",
+        xlabel="steps", ylabel="regret (s/token, summed)", logx=True, logy=True,
+    )
+    decide_us = statistics.median(decide) * 1e6
+    return slopes["nightjar"], decide_us, {"slopes": slopes, "relative_regret": totals, "steps": n, "seeds": seeds}
+
+
+def overhead(profile: CostProfile) -> list[list]:
+    """Median / p99 microseconds of decide() and observe() per policy, steady state."""
+    rows = []
+    ctx = batch_contexts(20_000, 7, profile.max_batch)
+    for name, spec in policy_specs().items():
+        pol = make_policy(spec, profile, 0)
+        dts, ots = [], []
+        clock = time.perf_counter
+        for b in ctx:
+            t0 = clock()
+            g = pol.decide(b)
+            t1 = clock()
+            pol.observe(StepFeedback(batch_size=b, gamma=g, step_time_s=0.01, tokens_emitted=b * (1 + g // 2),
+                                     num_draft_tokens=b * g, num_accepted_tokens=b * (g // 2)))
+            t2 = clock()
+            dts.append(t1 - t0)
+            ots.append(t2 - t1)
+        dts.sort()
+        ots.sort()
+        rows.append([name, dts[len(dts) // 2] * 1e6, dts[int(len(dts) * 0.99)] * 1e6, ots[len(ots) // 2] * 1e6])
+    return rows
+
+
+def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out: Path) -> dict:
+    profile = CostProfile.load(profile_path)
+    tag = profile.name
+    cap = capacity_rps(profile_path, quick)
+    print(f"== profile {tag} ({profile.device}): oracle capacity {cap:.1f} req/s", flush=True)
+    specs = policy_specs()
+    abl = {k: {"policy": "nightjar", **v} for k, v in ABLATIONS.items() if k not in ("nightjar", "paper (all off)")}
+    if quick:
+        abl = {}
+    tasks = []
+    for load in LOADS:
+        trace, warm = load_trace(load, cap, quick)
+        for name, spec in {**specs, **abl}.items():
+            tasks.append((load, (profile_path, name, spec, trace, warm, 1)))
+    results: dict[str, dict[str, dict]] = {load: {} for load in LOADS}
+    for (load, _), r in zip(tasks, pool.map(run_one, [t for _, t in tasks]), strict=True):
+        results[load][r["policy"]] = r
+
+    def cell(load: str, name: str) -> str:
+        r, o = results[load][name], results[load]["oracle"]
+        return (f"{r['throughput']:.0f} ({r['throughput'] / o['throughput']:.3f}) / "
+                f"{r['latency'] * 1e3:.2f} ({r['latency'] / o['latency']:.3f})")
+
+    headers = ["policy", *LOADS]
+    rows = [[name, *(cell(load, name) for load in LOADS)] for name in specs]
+    print_table(
+        f"Planner vs baselines ({tag}): throughput tok/s (x oracle) / mean per-token latency ms (x oracle)",
+        headers, rows, out / f"table-{tag}.md",
+        notes=f"Loads: low/mid/high = 5/30/70 % of the oracle's capacity ({cap:.1f} req/s), saturated = 150 %, "
+        "dynamic = 5 % -> 90 % -> 5 %. Throughput: tokens emitted between the warm-up and the last arrival / that time. "
+        "Latency = (finish - arrival) / output tokens, queueing included.",
+    )
+    if abl:
+        arows = []
+        for name in ABLATIONS:
+            key = "nightjar (paper)" if name == "paper (all off)" else name
+            arows.append([name, *(cell(load, key) for load in LOADS)])
+        print_table(f"Ablation of Nightjar's extensions ({tag})", headers, arows, out / f"ablation-{tag}.md")
+
+    statics = ["nosd", *(f"static-{k}" for k in range(1, K + 1))]
+    nj = {load: results[load]["nightjar"] for load in LOADS}
+    oracle_ratio = min(nj[ld]["throughput"] / results[ld]["oracle"]["throughput"] for ld in LOADS)
+    best_static = min(nj[ld]["throughput"] / max(results[ld][s]["throughput"] for s in statics) for ld in LOADS)
+    lat_oracle = max(nj[ld]["latency"] / results[ld]["oracle"]["latency"] for ld in LOADS)
+    lat_static = max(nj[ld]["latency"] / min(results[ld][s]["latency"] for s in statics) for ld in LOADS)
+    slope, decide_us, rdet = regret_study(profile, quick, out, tag)
+    ov = overhead(profile)
+    print_table(f"Decision overhead ({tag}), microseconds", ["policy", "decide p50", "decide p99", "observe p50"], ov,
+                out / f"overhead-{tag}.md")
+    print(f"regret ({rdet['steps']} steps x {rdet['seeds']} seeds): slopes "
+          + ", ".join(f"{k}={v:.3f}" for k, v in rdet["slopes"].items())
+          + "; regret / oracle loss: " + ", ".join(f"{k}={v:.4f}" for k, v in rdet["relative_regret"].items()))
+    print(f"latency (lower is better): worst nightjar/oracle = {lat_oracle:.3f}, worst nightjar/best static = {lat_static:.3f}")
+    summary = {
+        "profile": tag, "capacity_rps": cap, "oracle_ratio": oracle_ratio, "best_static_ratio": best_static,
+        "regret_exponent": slope, "decide_us": decide_us, "latency_vs_oracle_worst": lat_oracle,
+        "latency_vs_best_static_worst": lat_static, "regret": rdet, "results": results, "quick": quick,
+    }
+    write_json(out / f"summary-{tag}.json", summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default=os.environ.get("PROFILE") or None, help="cost profile JSON")
+    ap.add_argument("--workers", type=int, default=int(os.environ.get("BENCH_WORKERS", "2")))
+    args = ap.parse_args(argv)
+    quick = is_quick()
+    profiles = [args.profile] if args.profile else [str(DEFAULT_PROFILE)]
+    if not args.profile:
+        profiles += sorted(glob.glob(str(ROOT / "profiles" / "cpu-*.json")))
+    out = results_dir("planner")
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        summaries = [bench_profile(p, quick, pool, out) for p in profiles]
+    for s in summaries[1:]:
+        print(f"profile {s['profile']}: oracle_ratio={s['oracle_ratio']:.4f} best_static_ratio="
+              f"{s['best_static_ratio']:.4f} regret_exponent={s['regret_exponent']:.3f} decide_us={s['decide_us']:.2f}")
+    print(f"(bench-planner took {time.time() - t0:.1f} s, QUICK={int(quick)}; results in {out})")
+    s = summaries[0]
+    print_result(
+        oracle_ratio=round(s["oracle_ratio"], 4),
+        best_static_ratio=round(s["best_static_ratio"], 4),
+        regret_exponent=round(s["regret_exponent"], 3),
+        decide_us=round(s["decide_us"], 2),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

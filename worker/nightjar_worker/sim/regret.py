@@ -1,0 +1,135 @@
+"""Regret measurement: a contextual-bandit environment with exogenous contexts.
+
+The batch size sequence is exogenous (a slowly mean-reverting random walk in log batch size over
+1..max_batch, fixed by the seed), so the policy under test and the oracle face exactly the same
+contexts and the same noise draws (common random numbers). Per step, with z1, z2 standard normal:
+
+    step_time = T(B, gamma) * (1 + noise_cv * z1)
+    tokens    = max(B, round(B * E[gamma] + z2 * sqrt(B * Var[gamma])))   (geometric acceptance,
+                mean and variance over the workload's category mix)
+    loss      = (step_time + C_switch) / tokens
+
+C_switch (when gamma goes 0 -> k) = profile.switch_cost(tokens emitted while speculation was off,
+capped at B * ``context_tokens``: the draft never has to catch up on more than the running contexts).
+Regret after n steps: R(n) = sum_{t<=n} loss_policy(t) - sum_{t<=n} loss_oracle(t).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+from nightjar_worker.planner.policy import GammaPolicy, StepFeedback
+from nightjar_worker.sim.profile import CostProfile
+
+
+def token_moments(gamma: int, weights: dict[str, float], profile: CostProfile) -> tuple[float, float]:
+    """Mean and variance of tokens emitted per request (accepted + 1) under the category mix."""
+    tot = sum(weights.values())
+    m1 = m2 = 0.0
+    for cat, w in weights.items():
+        a = profile.alpha(cat)
+        for k in range(gamma + 1):
+            p = a**k * (1 - a) if k < gamma else a**gamma
+            m1 += w / tot * p * (k + 1)
+            m2 += w / tot * p * (k + 1) ** 2
+    return m1, max(m2 - m1 * m1, 0.0)
+
+
+def batch_contexts(n: int, seed: int, max_batch: int, mean_batch: float = 24.0) -> list[int]:
+    rng = random.Random(seed)
+    x = math.log(mean_batch)
+    mu, hi = math.log(mean_batch), math.log(max_batch)
+    out = []
+    for _ in range(n):
+        x += 0.01 * (mu - x) + 0.14 * rng.gauss(0.0, 1.0)
+        x = min(max(x, 0.0), hi)
+        out.append(max(1, min(max_batch, round(math.exp(x)))))
+    return out
+
+
+class RegretEnv:
+    def __init__(
+        self,
+        profile: CostProfile,
+        weights: dict[str, float],
+        arms: tuple[int, ...],
+        contexts: list[int],
+        seed: int = 0,
+        noise_cv: float = 0.03,
+        context_tokens: int = 320,
+    ) -> None:
+        self.profile = profile
+        self.context_tokens = context_tokens
+        self.contexts = contexts
+        self.seed = seed
+        self.noise_cv = noise_cv
+        self.moments = {g: token_moments(g, weights, profile) for g in arms}
+        self._t: dict[tuple[int, int], float] = {}
+
+    def _step_time(self, b: int, g: int) -> float:
+        v = self._t.get((b, g))
+        if v is None:
+            v = self._t[(b, g)] = self.profile.step_time(b, g)
+        return v
+
+    def run(self, policy: GammaPolicy, time_decisions: bool = False) -> tuple[list[float], list[float]]:
+        """Per-step losses of ``policy`` on the contexts (and decide() durations in seconds)."""
+        rng = random.Random(self.seed)
+        prof = self.profile
+        cv = self.noise_cv
+        losses: list[float] = []
+        durations: list[float] = []
+        last, lag = 0, 0.0
+        clock = time.perf_counter
+        for b in self.contexts:
+            z1, z2 = rng.gauss(0.0, 1.0), rng.gauss(0.0, 1.0)
+            if time_decisions:
+                t0 = clock()
+                g = policy.decide(b)
+                durations.append(clock() - t0)
+            else:
+                g = policy.decide(b)
+            m, v = self.moments[g]
+            st = self._step_time(b, g) * min(max(1.0 + cv * z1, 0.5), 1.5)
+            tokens = max(b, round(b * m + z2 * math.sqrt(b * v)))
+            sw = 0.0
+            if g > 0 and last == 0 and losses:
+                sw = prof.switch_cost(min(lag, b * self.context_tokens))
+            lag = lag + tokens if g == 0 else 0.0
+            losses.append((st + sw) / tokens)
+            policy.observe(
+                StepFeedback(
+                    batch_size=b, gamma=g, step_time_s=st, tokens_emitted=tokens,
+                    num_draft_tokens=b * g, num_accepted_tokens=tokens - b, switch_cost_s=sw,
+                )
+            )
+            last = g
+        return losses, durations
+
+
+def cumulative_regret(policy_losses: list[float], oracle_losses: list[float]) -> list[float]:
+    out, acc = [], 0.0
+    for a, b in zip(policy_losses, oracle_losses, strict=True):
+        acc += a - b
+        out.append(acc)
+    return out
+
+
+def loglog_slope(regret: list[float], start_frac: float = 0.05, points: int = 24) -> float:
+    """Least-squares slope of log R(n) against log n over log-spaced n in [start_frac*N, N]."""
+    n_tot = len(regret)
+    lo = max(10, int(n_tot * start_frac))
+    xs, ys = [], []
+    for k in range(points):
+        n = int(round(math.exp(math.log(lo) + (math.log(n_tot) - math.log(lo)) * k / (points - 1))))
+        r = regret[min(n, n_tot) - 1]
+        if r > 0:
+            xs.append(math.log(n))
+            ys.append(math.log(r))
+    if len(xs) < 3:
+        return 0.0  # regret not positive: no growth to fit
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
