@@ -219,3 +219,14 @@ def test_manifests_match_chart(helm, tmp_path):
     # The plain RBAC (manifests/rbac/, used by the operator's own least-privilege test) is the chart's.
     role = yaml.safe_load((ROOT / "manifests/rbac/cluster_role.yaml").read_text())
     assert role["rules"] == render(helm).one("ClusterRole")["rules"]
+
+
+def test_gpu_sample_is_valid():
+    """manifests/samples/gpu-pair.yaml passes the CRD's models and the operator's semantic checks."""
+    from nightjar_operator.reconcile.validate import parse_spec, semantic_errors
+
+    doc = yaml.safe_load((ROOT / "manifests/samples/gpu-pair.yaml").read_text())
+    assert doc["kind"] == "NightjarDeployment" and doc["apiVersion"] == "nightjar.dev/v1alpha1"
+    spec, errors = parse_spec(doc["spec"])
+    assert not errors and not semantic_errors(spec, doc["metadata"]["name"])
+    assert spec.resources.gpus == 1 and spec.target.source.uri and spec.draft.source.uri

@@ -1,0 +1,176 @@
+"""`helm install --wait` into the real loopback kube-apiserver, the operator running under the
+chart's ServiceAccount token with the chart's command line, a sample NightjarDeployment reconciled
+without a 403, the operator's metrics scraped by a real Prometheus, and `helm uninstall` leaving
+nothing behind.
+
+Containers never run in the test cluster (the node agent only reports pods Running/Ready): the
+operator pod the chart creates becomes Ready there, and the operator itself runs as a local process
+with that pod's ServiceAccount token and arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from helmutil import CHART, ROOT, run_helm
+
+pytestmark = [pytest.mark.helm, pytest.mark.cluster]
+
+CRD = "nightjardeployments.nightjar.dev"
+OBS = ROOT / "tests" / "observability"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(pred, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"operator exited ({proc.returncode}) while waiting for {what}:\n{log.read_text()[-3000:] if log else ''}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f":\n{log.read_text()[-3000:]}" if log else ""))
+
+
+def _json(k8s, *args: str, kubeconfig: str | None = None) -> dict | None:
+    p = k8s.kubectl(*args, "-o", "json", check=False, **({"kubeconfig": kubeconfig} if kubeconfig else {}))
+    return json.loads(p.stdout) if p.returncode == 0 else None
+
+
+def _adopt_existing_crd(k8s, release: str, namespace: str) -> None:
+    """Other tests may have applied the CRD with kubectl; let this release adopt it (Helm's documented way)."""
+    if k8s.kubectl("get", "crd", CRD, check=False).returncode != 0:
+        return
+    k8s.kubectl("annotate", "crd", CRD, f"meta.helm.sh/release-name={release}",
+                f"meta.helm.sh/release-namespace={namespace}", "--overwrite")
+    k8s.kubectl("label", "crd", CRD, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+
+
+def _leftovers(k8s, namespace: str, release: str) -> list[str]:
+    sel = f"app.kubernetes.io/instance={release}"
+    out = k8s.kubectl("get", "deployments,replicasets,pods,services,configmaps,serviceaccounts,rolebindings,roles",
+                      "-n", namespace, "-l", sel, "-o", "name").stdout.split()
+    out += k8s.kubectl("get", "clusterroles,clusterrolebindings", "-l", sel, "-o", "name").stdout.split()
+    return out
+
+
+def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_path):
+    release = f"nj{namespace[-6:]}"  # cluster-scoped names (ClusterRoles) stay unique per run
+    metrics_port, health_port = _free_port(), _free_port()
+    env = k8s.env
+    _adopt_existing_crd(k8s, release, namespace)
+    values = {
+        "fullnameOverride": release,
+        "operator": {"watchNamespaces": [namespace], "metricsPort": metrics_port, "healthPort": health_port},
+        "tests": {"workerService": "demo"},
+    }
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    t0 = time.monotonic()
+    out = run_helm(helm, "install", release, str(CHART), "-n", namespace, "-f", str(tmp_path / "values.yaml"),
+                   "--wait", "--timeout", "120s", env=env, timeout=180).stdout
+    install_s = time.monotonic() - t0
+    assert "STATUS: deployed" in out
+    assert f"It watches NightjarDeployments in: {namespace}." in out  # NOTES.txt rendered
+    assert "monitoring.coreos.com/v1 is not served here" in out
+    try:
+        dep = _json(k8s, "get", "deployment", f"{release}-operator", "-n", namespace)
+        assert dep["status"].get("readyReplicas") == 1
+        crd = _json(k8s, "get", "crd", CRD)
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert {c["type"]: c["status"] for c in crd["status"]["conditions"]}["Established"] == "True"
+        sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
+        kubeconfig = k8s.serviceaccount_kubeconfig(namespace, sa)
+
+        # Least privilege, asked of the real authorizer with the chart's token.
+        def can(*args: str) -> bool:
+            return k8s.kubectl("auth", "can-i", *args, kubeconfig=kubeconfig, check=False).stdout.strip() == "yes"
+
+        assert can("watch", "nightjardeployments.nightjar.dev", "-n", namespace)
+        assert can("create", "deployments.apps", "-n", namespace)
+        assert not can("get", "secrets", "-n", namespace)
+        assert not can("create", "pods", "-n", namespace)
+        assert not can("delete", "customresourcedefinitions")
+        assert not can("create", "deployments.apps", "-n", "default"), "namespaced install must not reach other namespaces"
+
+        # The operator, started exactly as the chart's Deployment starts it, with its token.
+        c = dep["spec"]["template"]["spec"]["containers"][0]
+        assert c["command"] == ["nightjar-operator"]
+        exe = str(Path(sys.executable).parent / "nightjar-operator")
+        log = tmp_path / "operator.log"
+        op_env = {**env, "KUBECONFIG": kubeconfig}
+        op_env.pop("KUBERNETES_SERVICE_HOST", None)
+        op = subprocess.Popen([exe, *c["args"]], env=op_env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+        try:
+            sample = yaml.safe_load((ROOT / "manifests/samples/cpu-demo.yaml").read_text())
+            sample["metadata"] = {"name": "demo", "namespace": namespace}
+            k8s.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
+            # The GPU sample is accepted by the installed CRD's schema too (not created: no GPUs here).
+            k8s.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(ROOT / "manifests/samples/gpu-pair.yaml"))
+
+            def reconciled():
+                njd = _json(k8s, "get", "njd", "demo", "-n", namespace)
+                st = (njd or {}).get("status") or {}
+                return st.get("observedGeneration") == njd["metadata"]["generation"] and st.get("conditions")
+
+            _wait(reconciled, 60, "the sample's status", op, log)
+            for kind in ("deployment", "service", "configmap"):
+                name = "demo-config" if kind == "configmap" else "demo"
+                child = _json(k8s, "get", kind, name, "-n", namespace)
+                assert child and child["metadata"]["ownerReferences"][0]["name"] == "demo", kind
+            assert httpx.get(f"http://127.0.0.1:{health_port}/healthz", timeout=5, trust_env=False).status_code == 200
+
+            # A real Prometheus scrapes the operator the way the chart's ServiceMonitor does.
+            sys.path.insert(0, str(OBS))
+            from promutil import Prometheus, has_data, panel_queries  # noqa: PLC0415
+
+            prom = Prometheus(tmp_path / "prom", [{
+                "job_name": f"{release}-operator-metrics", "honor_labels": True,
+                "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"], "labels": {"namespace": namespace}}],
+            }], sorted((CHART / "rules").glob("*.yaml")))
+            try:
+                _wait(lambda: prom.query('sum(nightjar_operator_reconciles_total{result="ok"}) > 0')["result"], 40,
+                      "Prometheus to scrape the operator")
+                results = {title: has_data(prom.query(e)) for title, e in panel_queries()
+                           if "nightjar_operator_" in e}
+                # No reconcile error happened (no 403 above all), so that panel is rightly empty.
+                assert results.pop("Reconcile errors / s by reason") is False
+                assert results and all(results.values()), results
+                assert not prom.query('ALERTS{alertname=~"NightjarOperator.*"}')["result"]
+            finally:
+                prom.stop()
+
+            k8s.kubectl("delete", "njd", "demo", "-n", namespace, "--wait=true", "--timeout=60s")
+        finally:
+            op.terminate()
+            try:
+                op.wait(15)
+            except subprocess.TimeoutExpired:
+                op.kill()
+                op.wait(5)
+        out = log.read_text()
+        assert "403" not in out and "forbidden" not in out.lower(), out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+    finally:
+        t1 = time.monotonic()
+        run_helm(helm, "uninstall", release, "-n", namespace, "--wait", "--timeout", "60s", env=env, check=False)
+        uninstall_s = time.monotonic() - t1
+    # Nothing of the release is left; the CRD stays on purpose (resource-policy: keep).
+    _wait(lambda: not _leftovers(k8s, namespace, release), 30, "the release's objects to go")
+    assert run_helm(helm, "list", "-n", namespace, "-q", env=env).stdout.strip() == ""
+    assert k8s.kubectl("get", "crd", CRD, check=False).returncode == 0
+    print(f"helm install --wait {install_s:.1f}s, uninstall {uninstall_s:.1f}s")
