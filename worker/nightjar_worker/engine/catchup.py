@@ -87,6 +87,9 @@ class DraftCatchup:
         self.tracker = DraftKVTracker()
         self.max_chunk_tokens = max_chunk_tokens or int(runner.scheduler_config.max_num_batched_tokens)
         self.forward_count = 0
+        # Diagnostic switch (tests' negative control): False skips the catch-up forward, reproducing
+        # vLLM #49548; the tracker keeps running so re-enabling resumes correct behaviour.
+        self.enabled = True
         self.drafter.model.register_forward_pre_hook(self._count_forward)
 
     def _count_forward(self, *_: Any) -> None:
@@ -168,7 +171,7 @@ class DraftCatchup:
             stats.draft_forwards += self.forward_count - f0
             return torch.empty((len(rows), 0), dtype=torch.int64, device=self.drafter.device)
         ranges = self.tracker.missing(rows)
-        if ranges:
+        if ranges and self.enabled:
             t0 = time.perf_counter()
             stats.catchup_tokens += self.catch_up(ranges, common_attn_metadata)
             stats.catchup_s += time.perf_counter() - t0

@@ -109,6 +109,12 @@ class EngineControl:
     def policy(self) -> GammaPolicy:
         return self.holder.policy if self.holder is not None else self._policy  # type: ignore[return-value]
 
+    def set_policy(self, policy: GammaPolicy) -> None:
+        """Replace the live policy (tests, profiler); the config watcher keeps updating the holder's."""
+        with self.lock:
+            self.holder = None
+            self._policy = policy
+
     def decide(self, batch_size: int) -> tuple[int, float]:
         t0 = time.perf_counter()
         with self.lock:
