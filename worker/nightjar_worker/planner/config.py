@@ -18,13 +18,16 @@ PolicyName = Literal["nightjar", "nosd", "static", "table", "dsd", "ucb", "oracl
 
 
 def default_bucket_edges(max_batch: int) -> list[int]:
-    """Log-spaced lower edges 1,2,3,4,6,8,12,16,24,32,48,64,... up to ``max_batch``."""
+    """Log-spaced lower edges 1,2,3,4,6,8,12,16,24,32,48,64,... below ``max_batch``.
+
+    ``max_batch`` itself is not an edge: a full batch and a batch a few requests short of it
+    alternate step by step at saturation and must share a context (and an arm)."""
     edges = [1, 2, 3]
     base = 4
     while True:
         for e in (base, base * 3 // 2):
-            if e > max_batch:
-                return [x for x in edges if x <= max_batch]
+            if e >= max_batch:
+                return [x for x in edges if x < max_batch] or [1]
             edges.append(e)
         base *= 2
 

@@ -19,8 +19,11 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
   * ``monotone_prior``: the best gamma does not grow with batch size, so exploration in a bucket is
     confined between the best arms of established neighbours on either side;
   * ``hysteresis``: a challenger must beat the arm in use by a relative margin;
-  * C_switch is learnt separately from the arms' step losses (the paper folds it into the loss of
-    the switching step, which makes that arm look bad in whichever bucket happened to switch);
+  * C_switch is learnt separately from the arms' step losses, as fixed + rate * tokens the draft
+    missed while off (least squares over observed switches), and charged to the decision that
+    flips speculation on/off, amortised over the dwell (exploitation) or the visit (exploration);
+    the paper instead folds it into the loss of the switching step, which makes that arm look
+    bad in whichever bucket happened to switch;
   * ``normalise_batch``: the loss is learnt as loss * batch / bucket_lo (per-token loss falls like
     1/batch in the memory-bound regime, which otherwise confounds arms held at different batch sizes
     inside one bucket); ``snapshot``/priors use these normalised units (loss at the bucket's lower
@@ -88,9 +91,10 @@ class NightjarPolicy:
         self._sp = [[0.0] * na for _ in range(nb)]
         self._mp: list[list[float | None]] = [[None] * na for _ in range(nb)]
         self._mt = [[0.0] * na for _ in range(nb)]
-        self._sxy = 0.0
-        self._sxx = 0.0
-        self._beta = 0.0
+        # separately with the draft off (arm 0) and on: a resident, running draft prefills too
+        self._sxy = [0.0, 0.0]
+        self._sxx = [0.0, 0.0]
+        self._betas = [0.0, 0.0]
         self._bmean = [float(e) for e in self._edges]  # moving mean batch size per bucket
         self._pn = [[0.0] * na for _ in range(nb)]  # priors (same scaling)
         self._ps = [[0.0] * na for _ in range(nb)]
@@ -101,10 +105,11 @@ class NightjarPolicy:
         self._bin_left = [0] * nb
         self._bin_idx = [0] * nb
         self._arm = [0] * nb  # arm index held in the current bin
+        self._exploring = [False] * nb  # whether the current bin explores
         self._best = [-1] * nb  # cached exploit arm index (for the monotone prior)
         self._last_gamma = 0
         self._switch_ema: float | None = None
-        self._sw_rate: float | None = None  # learnt C_switch seconds per token missed while off
+        self._sw = [0.0] * 5  # C_switch regression sums: n, x, y, xx, xy (x = missed tokens)
         self._off_tokens = 0.0  # tokens emitted/prefilled since speculation went off
         self.stats = NightjarStats()
         self._apply_knobs(config)
@@ -187,9 +192,14 @@ class NightjarPolicy:
             e = self._switch_ema
             self._switch_ema = fb.switch_cost_s if e is None else 0.8 * e + 0.2 * fb.switch_cost_s
             self.stats.switch_cost_s_ema = self._switch_ema
-            # C_switch grows with what the draft missed while off: learn seconds per missed token.
-            r = fb.switch_cost_s / max(self._off_tokens, 1.0)
-            self._sw_rate = r if self._sw_rate is None else 0.7 * self._sw_rate + 0.3 * r
+            # C_switch = fixed + rate * (tokens the draft missed while off): discounted least squares.
+            x, y, f = self._off_tokens, fb.switch_cost_s, 0.95
+            sw = self._sw
+            sw[0] = f * sw[0] + 1.0
+            sw[1] = f * sw[1] + x
+            sw[2] = f * sw[2] + y
+            sw[3] = f * sw[3] + x * x
+            sw[4] = f * sw[4] + x * y
         if fb.gamma == 0:
             # what the draft misses; requests that finish take their share away (~1/256 per step)
             self._off_tokens = self._off_tokens * _LAG_DECAY + fb.tokens_emitted + fb.prefill_tokens
@@ -216,14 +226,15 @@ class NightjarPolicy:
                 self._mt[c][i] = t
             else:
                 x, y = p - mp, t - self._mt[c][i]
-                self._sxy = 0.9995 * self._sxy + x * y
-                self._sxx = 0.9995 * self._sxx + x * x
-                if self._sxx > 0:
-                    self._beta = max(0.0, self._sxy / self._sxx)
+                k = 1 if fb.gamma > 0 else 0
+                self._sxy[k] = 0.9995 * self._sxy[k] + x * y
+                self._sxx[k] = 0.9995 * self._sxx[k] + x * x
+                if self._sxx[k] > 0:
+                    self._betas[k] = max(0.0, self._sxy[k] / self._sxx[k])
                 self._mp[c][i] = mp + 0.05 * x
                 self._mt[c][i] += 0.05 * y
             self._sp[c][i] += w * p * scale
-            loss = max(t - self._beta * p, 0.25 * t) * scale
+            loss = max(t - self._beta_for(fb.gamma) * p, 0.05 * t) * scale
         else:
             loss = t * scale
         self._n[c][i] += w
@@ -265,12 +276,25 @@ class NightjarPolicy:
         inv = 1.0 / self._w[c]
         return means, [x * inv for x in tn]
 
+    def _beta_for(self, gamma: int) -> float:
+        """Learnt prefill seconds per prompt token with the draft off (gamma 0) or on."""
+        b_off, b_on = self._betas
+        if gamma > 0:
+            return b_on if self._sxx[1] > 0 else b_off
+        return b_off if self._sxx[0] > 0 else b_on
+
+    @property
+    def _beta(self) -> float:
+        return max(self._betas)
+
     def _corrected(self, c: int) -> list[float]:
         """Loss sums of bucket c with the learnt prefill cost taken out."""
         if not self._prefill or self._beta <= 0:
             return self._s[c]
-        beta = self._beta
-        return [max(a - beta * b, 0.25 * a) for a, b in zip(self._s[c], self._sp[c], strict=True)]
+        return [
+            max(a - self._beta_for(g) * b, 0.05 * a)
+            for a, b, g in zip(self._s[c], self._sp[c], self._arms, strict=True)
+        ]
 
     def _borrow(self, c: int, d: int, tn: list[float], ts: list[float]) -> None:
         """Add neighbour d's evidence to bucket c, rescaled via a reference arm both have tried."""
@@ -319,29 +343,46 @@ class NightjarPolicy:
             out.append(math.sqrt(pooled if v is None else (k * v + 3.0 * pooled) / (k + 3.0)))
         return out
 
-    def _switch_cost(self) -> float:
-        """Expected C_switch of resuming speculation now (0 when unknown: optimistic)."""
+    def _visit(self, hold: int) -> int:
+        """Steps over which an exploration visit amortises C_switch: its hold, but at least a quarter
+        of the exploitation dwell (a visit that finds a better arm is followed by exploiting it)."""
+        return max(hold, self.config.switch_amortise_steps // 4, 1)
+
+    def _predict_switch(self, missed_tokens: float) -> float:
+        """Expected C_switch after the draft missed ``missed_tokens`` (0 when unknown: optimistic)."""
         if self.config.switch_cost_s is not None:
             return self.config.switch_cost_s
-        if self._last_gamma == 0 and self._sw_rate is not None and not self._paper:
-            return self._sw_rate * self._off_tokens
-        return self._switch_ema or 0.0
+        n, sx, sy, sxx, sxy = self._sw
+        if n <= 0 or self._paper:
+            return self._switch_ema or 0.0
+        mx, my = sx / n, sy / n
+        var = sxx / n - mx * mx
+        if n >= 3 and var > 1e-9 * max(mx * mx, 1.0):
+            b = max((sxy / n - mx * my) / var, 0.0)
+            a = max(my - b * mx, 0.0)
+            return a + b * missed_tokens
+        # too few switches for a line: the more optimistic of "always the mean" and "proportional"
+        return min(my, my / mx * missed_tokens) if mx > 0 else my
 
-    def _switch_penalty(self, c: int, i: int, counts: list[float]) -> float:
+    def _switch_penalty(self, c: int, i: int, counts: list[float], horizon: int | None = None) -> float:
         """C_switch amortised per token, if playing arm i flips speculation on/off from now.
 
         Turning on pays the predicted catch-up now; turning off is charged the average past C_switch
-        (it will have to be paid again to come back)."""
+        (it will have to be paid again to come back). The cost is spread over ``horizon`` steps:
+        the expected dwell (``switch_amortise_steps``) for exploitation, the short hold of an
+        exploration visit for exploration (paying a large C_switch for a two-step look is a loss)."""
         if (self._arms[i] > 0) == (self._last_gamma > 0):
             return 0.0
-        cost = self._switch_cost() if self._arms[i] > 0 else (
-            self.config.switch_cost_s if self.config.switch_cost_s is not None else self._switch_ema
-        )
+        n = self._n[c][i]
+        per_step = max(self._tok[c][i] / n if n > 0 else float(self._edges[c]), 1.0)
+        h = self.config.switch_amortise_steps if horizon is None else max(horizon, 1)
+        if self._arms[i] > 0:
+            cost = self._predict_switch(self._off_tokens)  # catch up on what was missed so far
+        else:
+            cost = self._predict_switch(h * per_step)  # coming back after h steps off
         if not cost:
             return 0.0
-        n = self._n[c][i]
-        per_step = self._tok[c][i] / n if n > 0 else float(self._edges[c])
-        pen = cost / (self.config.switch_amortise_steps * max(per_step, 1.0))
+        pen = cost / (h * per_step)
         return pen * self._bmean[c] / self._edges[c] if self._norm else pen
 
     def _guard_flip(self, c: int, a: int) -> int:
@@ -349,8 +390,6 @@ class NightjarPolicy:
         was decided while the engine was in the other state): keep the current on/off state unless
         the held arm still wins with the switching cost charged."""
         means, counts = self._estimates(c)
-        if means[a] is None:
-            return a
         same = [
             i for i in self._feasible(c)
             if means[i] is not None and (self._arms[i] > 0) == (self._last_gamma > 0)
@@ -358,7 +397,10 @@ class NightjarPolicy:
         if not same:
             return a
         alt = min(same, key=lambda i: means[i])
-        if means[a] + self._switch_penalty(c, a, counts) < means[alt]:
+        # barely known (e.g. an exploration bin): optimistic, only the switching cost can veto it
+        mine = means[a] if means[a] is not None and counts[a] >= _MIN_ELIMINATE else 0.5 * means[alt]
+        horizon = self._visit(self._bin_left[c] + 1) if self._exploring[c] else None
+        if mine + self._switch_penalty(c, a, counts, horizon) < means[alt]:
             return a
         self._arm[c] = alt  # for the rest of this bin
         return alt
@@ -390,6 +432,7 @@ class NightjarPolicy:
         st = self.stats
         st.bins += 1
 
+        self._exploring[c] = False
         means, counts = self._estimates(c)
         cand = self._feasible(c)
         eff = [
@@ -416,11 +459,10 @@ class NightjarPolicy:
                 if self._paper:
                     choice = self._rng.choice(pool)
                 else:
-                    lo = min(counts[i] for i in pool)
-                    least = [i for i in pool if counts[i] <= lo + 0.5]
-                    choice = least[0] if len(least) == 1 else self._rng.choice(least)
+                    choice = self._pick_exploration(c, pool, eff, counts, best)
                 if choice != best:
                     st.explore_bins += 1
+                    self._exploring[c] = True
                     if not self._paper:
                         # doubling: an arm with n observations is held at most n + 1 steps, so a
                         # barely known (possibly bad) arm never gets a whole long bin
@@ -429,6 +471,23 @@ class NightjarPolicy:
             choice = self._rng.choice(cand)
         self._arm[c] = choice
         return choice
+
+    def _pick_exploration(
+        self, c: int, pool: list[int], eff: list[float | None], counts: list[float], best: int
+    ) -> int:
+        """Arms this bucket has not tried itself come first (neighbour evidence is only a guess);
+        then the most promising by its optimistic bound (lowest lower confidence bound)."""
+        others = [i for i in pool if i != best] or pool
+        inv = 1.0 / self._w[c]
+        untried = [i for i in others if (self._n[c][i] + self._pn[c][i]) * inv < 1.0]
+        if untried:
+            return untried[0] if len(untried) == 1 else self._rng.choice(untried)
+        z = self.config.confidence_z
+        cv = self._cvs(c)
+        return min(
+            others,
+            key=lambda i: -math.inf if eff[i] is None else eff[i] * (1.0 - z * cv[i] / math.sqrt(counts[i])),
+        )
 
     def _explore_pool(
         self,
@@ -453,11 +512,16 @@ class NightjarPolicy:
             z = self.config.confidence_z
             cv = self._cvs(c)
             b_ucb = eff[best] * (1.0 + z * cv[best] / math.sqrt(max(counts[best], 1e-9)))
+            flip = self._switch_penalty
             pool = [
                 i for i in pool
-                if eff[i] is None
-                or counts[i] < _MIN_ELIMINATE
-                or eff[i] * (1.0 - z * cv[i] / math.sqrt(counts[i])) <= b_ucb
+                if (
+                    eff[i] * (1.0 - z * cv[i] / math.sqrt(counts[i])) <= b_ucb
+                    if eff[i] is not None and counts[i] >= _MIN_ELIMINATE
+                    # barely known: optimistic, unless flipping speculation alone costs more than
+                    # half of what the best arm loses (e.g. resuming the draft at a full batch)
+                    else flip(c, i, counts, self._visit(int(counts[i]) + 1)) <= 0.5 * b_ucb
+                )
             ]
             if pool == [best]:
                 return []
