@@ -34,8 +34,8 @@ class DraftState(IntEnum):
     RESIDENT = 0
     OFFLOADING = 1
     OFFLOADED = 2
-    DRAINING = 3
-    RELOADING = 4
+    RELOADING = 3
+    DRAINING = 4  # appended so values 0-3 keep the order of metrics.DRAFT_STATES
 
     @property
     def label(self) -> str:

@@ -1,0 +1,90 @@
+import pytest
+import torch
+from nightjar_worker.memory.kv_elastic import (
+    ElasticBlockPool,
+    KVPageReleaser,
+    extra_block_ranges,
+    merge_ranges,
+    plan_extra_blocks,
+)
+
+
+def test_ranges_are_page_aligned_inward():
+    assert extra_block_ranges(0, 6144, 10, 4) == (24576, 61440)
+    s, e = extra_block_ranges(100, 5000, 10, 3)
+    assert s % 4096 == 0 and e % 4096 == 0 and s >= 100 + 3 * 5000 and e <= 100 + 10 * 5000
+    assert extra_block_ranges(0, 100, 10, 5) is None  # no whole page inside
+    assert extra_block_ranges(0, 8192, 4, 4) is None
+    assert merge_ranges([(10, 20), (0, 5), (15, 30)]) == [(0, 5), (10, 30)]
+
+
+def test_plan_extra_blocks():
+    assert plan_extra_blocks(100, None, 10_500, 1000) == (90, 10)
+    assert plan_extra_blocks(100, 40, 10_500, 1000) == (40, 10)
+    assert plan_extra_blocks(45, 40, 10_500, 1000) == (40, 5)  # the pool caps the gain
+    with pytest.raises(ValueError, match="base_blocks"):
+        plan_extra_blocks(100, 101, 10, 1)
+    with pytest.raises(ValueError, match="block_bytes"):
+        plan_extra_blocks(100, 40, 10, 0)
+
+
+def _pool(n=20, caching=True):
+    from vllm.v1.core.block_pool import BlockPool
+
+    return BlockPool(num_gpu_blocks=n, enable_caching=caching, hash_block_size=16)
+
+
+def test_block_pool_exposes_base_then_extra_then_drains():
+    bp = _pool(20)
+    ep = ElasticBlockPool(bp, base=8, extra=8)  # ids 16..19: headroom never exposed
+    assert bp.get_num_free_blocks() == 7  # 8 minus the null block
+    got = bp.get_new_blocks(7)
+    assert max(b.block_id for b in got) < 8
+    with pytest.raises(ValueError):
+        bp.get_new_blocks(1)
+    ep.set_limit(16)  # draft offloaded
+    assert bp.get_num_free_blocks() == 8
+    extra = bp.get_new_blocks(8)
+    assert sorted(b.block_id for b in extra) == list(range(8, 16))
+    assert ep.used_blocks() == 15
+    # drain: no new extra blocks; busy ones are caught when freed, base ones come back
+    ep.set_limit(8)
+    assert not ep.drained and set(ep.busy_above()) == set(range(8, 16))
+    bp.free_blocks(extra[:5] + got[:2])
+    assert bp.get_num_free_blocks() == 2  # only the two base blocks
+    assert sorted(ep.busy_above()) == list(range(13, 16))
+    bp.free_blocks(extra[5:])
+    assert ep.drained and bp.get_num_free_blocks() == 2
+    assert all(b.block_id < 8 for b in bp.get_new_blocks(2))
+    # cancel / re-offload: the held extra ids come back
+    ep.set_limit(16)
+    assert bp.get_num_free_blocks() == 8
+    with pytest.raises(ValueError, match="limit"):
+        ep.set_limit(17)
+
+
+def test_held_blocks_lose_their_prefix_cache_hash():
+    bp = _pool(10)
+    ep = ElasticBlockPool(bp, base=4, extra=6)
+    ep.set_limit(10)
+    blocks = bp.get_new_blocks(9)
+    b = next(x for x in blocks if x.block_id == 7)
+    b._block_hash = b"h"  # pretend it is cached
+    bp.cached_block_hashes_by_block[7] = set()
+    ep.set_limit(4)
+    bp.free_blocks(blocks)
+    assert 7 in ep.held and b.block_hash is None
+
+
+def test_page_releaser_frees_committed_pages():
+    nblk, base = 64, 16
+    kv = [torch.ones(nblk, 2, 32, 64, dtype=torch.bfloat16) for _ in range(3)]  # 8 KiB per block
+    rel = KVPageReleaser(kv, "cpu")
+    freed = rel.release(base)
+    # each layer loses at most its two partial edge pages to inward alignment
+    assert 3 * ((nblk - base) * 8192 - 2 * 4096) <= freed <= 3 * (nblk - base) * 8192
+    for t in kv:
+        assert torch.all(t[:base] == 1)  # base blocks untouched
+        assert torch.all(t[base + 1 : -1] == 0)  # released pages read back as zero (lazily recommitted)
+    with pytest.raises(NotImplementedError, match="CUDA virtual memory"):
+        KVPageReleaser(kv, "cuda")

@@ -1,0 +1,143 @@
+"""CPU backend: keep a way back to the draft's linear weights that vLLM packs at load time.
+
+On CPU, vLLM 0.32's ``dispatch_cpu_unquantized_gemm`` (``model_executor/layers/utils.py``) turns every
+linear layer's weight into an opaque packed handle (oneDNN, or sgl-kernel with AMX) captured in
+``layer.cpu_linear`` and replaces ``layer.weight`` with an empty parameter. Those bytes are not
+parameters, so they cannot be copied out and back like the rest of the draft. While the draft is
+being loaded (``SpecDecodeBaseProposer.load_model``), and only when elastic memory is enabled, this
+hook writes each linear's unpacked weight to a file (the host tier, outside the process's RSS) and
+marks the layer. Offload then drops ``layer.cpu_linear`` (freeing the packed copy); reload reads
+the weight back and calls vLLM's own dispatch again. CUDA never packs: nothing is recorded there
+and the weight mover only sees plain parameters.
+
+Installed from the ``vllm.general_plugins`` entry point in every vLLM process; inert otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger("nightjar.memory")
+
+_tls = threading.local()
+_installed = False
+
+
+@dataclass
+class PackedInfo:
+    remove_weight: bool  # True: vLLM dropped layer.weight, the stash is the only copy
+    path: str | None = None
+    offset: int = 0
+    shape: tuple[int, ...] = ()
+    dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * torch.empty(0, dtype=self.dtype).element_size()
+
+    def load(self) -> torch.Tensor:
+        assert self.path is not None
+        m = torch.from_file(self.path, shared=False, size=self.offset + self.nbytes, dtype=torch.uint8)
+        t = torch.empty(self.shape, dtype=self.dtype)
+        t.view(-1).view(torch.uint8).copy_(m[self.offset : self.offset + self.nbytes])
+        return t
+
+
+class _StashFile:
+    def __init__(self) -> None:
+        d = os.environ.get("NIGHTJAR_OFFLOAD_DIR") or tempfile.gettempdir()
+        os.makedirs(d, exist_ok=True)
+        fd, self.path = tempfile.mkstemp(prefix="nightjar-draft-packed-", suffix=".bin", dir=d)
+        self.f = os.fdopen(fd, "wb")
+        self.offset = 0
+
+    def put(self, w: torch.Tensor) -> PackedInfo:
+        data = w.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        info = PackedInfo(True, self.path, self.offset, tuple(w.shape), w.dtype)
+        self.f.write(data)
+        self.f.flush()
+        self.offset += len(data)
+        return info
+
+
+_stash: _StashFile | None = None
+
+
+def _enabled() -> bool:
+    try:
+        from vllm.config import get_current_vllm_config
+
+        from .config import load_config
+
+        cfg = get_current_vllm_config()
+        return load_config(getattr(cfg, "additional_config", None) or {}).enabled
+    except Exception as e:  # noqa: BLE001
+        log.warning("nightjar memory: could not read the memory config while loading the draft: %s", e)
+        return False
+
+
+def install() -> bool:
+    """Wrap vLLM's CPU GEMM dispatch and the proposer's load_model (idempotent)."""
+    global _installed
+    if _installed:
+        return False
+    import vllm.model_executor.layers.utils as lu
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    orig_dispatch = lu.dispatch_cpu_unquantized_gemm
+    orig_load = SpecDecodeBaseProposer.load_model
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        global _stash
+        w = getattr(layer, "weight", None)
+        if getattr(_tls, "loading_draft", False) and w is not None and not w.is_meta and w.ndim == 2:
+            if remove_weight:
+                if _stash is None:
+                    _stash = _StashFile()
+                layer._nightjar_packed = _stash.put(w)
+            else:
+                layer._nightjar_packed = PackedInfo(False)
+        return orig_dispatch(layer, remove_weight)
+
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _tls.loading_draft = _enabled()
+        try:
+            return orig_load(self, *args, **kwargs)
+        finally:
+            _tls.loading_draft = False
+
+    dispatch.__wrapped__ = orig_dispatch  # type: ignore[attr-defined]
+    lu.dispatch_cpu_unquantized_gemm = dispatch
+    SpecDecodeBaseProposer.load_model = load_model
+    _installed = True
+    return True
+
+
+def redispatch(layer: torch.nn.Module, weight: torch.Tensor | None) -> None:
+    """Rebuild ``layer.cpu_linear`` with vLLM's dispatch (``weight`` for layers vLLM emptied)."""
+    import vllm.model_executor.layers.utils as lu
+
+    info: PackedInfo = layer._nightjar_packed
+    if info.remove_weight:
+        assert weight is not None
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    fn = getattr(lu.dispatch_cpu_unquantized_gemm, "__wrapped__", lu.dispatch_cpu_unquantized_gemm)
+    fn(layer, info.remove_weight)
+
+
+def _offloaded_linear(*_: Any, **__: Any) -> torch.Tensor:
+    raise RuntimeError("nightjar memory: the draft is offloaded; its linear layers cannot run")
+
+
+def drop(layer: torch.nn.Module) -> None:
+    layer.cpu_linear = _offloaded_linear

@@ -1,0 +1,214 @@
+"""Turn the offloaded draft's bytes into KV blocks the scheduler really uses.
+
+Mechanism (chosen after reading vLLM 0.32: ``v1/core/block_pool.py``, ``v1/core/kv_cache_manager.py``,
+``v1/worker/utils.py::allocate_kv_cache``, ``v1/worker/cpu_model_runner.py``):
+
+* The engine allocates the KV pool for the *larger* size up front (``num_gpu_blocks_override`` =
+  base + extra). vLLM puts all layers in one backing allocation; on the CPU backend each layer's
+  blocks are contiguous (layer-outermost: ``kv_caches[i]`` is ``[num_blocks, heads, block, 2*dim]``),
+  so the extra blocks ``[base, total)`` are one page-aligned byte range per layer.
+* Scheduler side (``ElasticBlockPool``): while the draft is resident, every block id >= base is
+  held out of vLLM's ``FreeKVCacheBlockQueue`` (removed from the queue, prefix-cache hash evicted so
+  no cache hit can resurrect it). The scheduler's own admission and preemption logic then sees a
+  base-sized pool; nothing in vLLM is resized. Offloaded: the ids go back to the free queue and vLLM
+  uses them like any other block. Draining: free extra ids are pulled out immediately and ids freed
+  later are intercepted as requests finish (or are preempted with recompute after a timeout), so a
+  running request never loses a block it holds.
+* Worker side (``KVPageReleaser``): once no request holds an extra block, the pages of the extra
+  range are returned to the OS with ``madvise(MADV_DONTNEED)`` (anonymous memory: the next touch
+  gets a fresh zero page, lazily committed). So the committed bytes are base blocks + draft while
+  resident and at most base + extra blocks without the draft: the budget holds at every moment.
+
+Why not resize vLLM's ``BlockPool``/``KVCacheManager``? Block ids index the worker's preallocated
+tensors and the block table; growing them means reallocating and rebinding every layer's KV
+tensor in the worker while requests run. Holding ids out of the free queue needs no vLLM change,
+and page release makes the held-out part cost nothing.
+
+CUDA: the scheduler side is identical; releasing device pages needs CUDA virtual memory
+(cuMemCreate/cuMemMap per chunk, as the ``kvcached`` package does). ``KVPageReleaser`` raises a
+clear ``NotImplementedError`` there instead of pretending.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+log = logging.getLogger("nightjar.memory")
+
+PAGE = 4096
+MADV_DONTNEED = 4
+
+
+# --- pure helpers ------------------------------------------------------------------------------------
+def extra_block_ranges(
+    base_addr: int, block_stride: int, num_blocks: int, first_extra: int, page: int = PAGE
+) -> tuple[int, int] | None:
+    """Page-aligned [start, end) of blocks ``first_extra..num_blocks-1`` of one layer whose blocks
+    are contiguous with ``block_stride`` bytes; ``None`` when no whole page is inside."""
+    if first_extra >= num_blocks:
+        return None
+    start = base_addr + first_extra * block_stride
+    end = base_addr + num_blocks * block_stride
+    start = (start + page - 1) // page * page  # inward: never touch a base block's bytes
+    end = end // page * page
+    return (start, end) if end > start else None
+
+
+def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for s, e in sorted(ranges):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def plan_extra_blocks(total_blocks: int, base_blocks: int | None, draft_bytes: int, block_bytes: int) -> tuple[int, int]:
+    """(base, extra): ``extra`` blocks the offloaded draft pays for, at most what the pool holds
+    above ``base``. ``base_blocks=None``: the pool was sized for the offloaded case."""
+    if block_bytes <= 0:
+        raise ValueError(f"block_bytes: must be > 0 (got {block_bytes})")
+    gain = draft_bytes // block_bytes
+    if base_blocks is None:
+        base = max(2, total_blocks - gain)
+    else:
+        if not 2 <= base_blocks <= total_blocks:
+            raise ValueError(f"base_blocks: must be in [2, {total_blocks}] (got {base_blocks})")
+        base = base_blocks
+    return base, min(gain, total_blocks - base)
+
+
+# --- scheduler side ----------------------------------------------------------------------------------
+class ElasticBlockPool:
+    """Holds block ids >= ``limit`` out of a vLLM ``BlockPool``'s free queue.
+
+    ``limit`` is the number of blocks the scheduler may use: ``base`` while the draft is resident
+    or coming back, ``base + extra`` while it is offloaded. Blocks in ``[base + extra, total)``
+    (headroom the draft does not pay for) are held out for ever.
+    """
+
+    def __init__(self, block_pool: Any, base: int, extra: int) -> None:
+        self.pool = block_pool
+        self.total = block_pool.num_gpu_blocks
+        if base + extra > self.total:
+            raise ValueError(f"kv elastic: base {base} + extra {extra} > pool size {self.total}")
+        self.base, self.extra = base, extra
+        self.limit = self.total  # vLLM starts with every block free
+        self.held: set[int] = set()
+        self._orig_free = block_pool.free_blocks
+        block_pool.free_blocks = self._free_blocks  # instance attribute: intercept frees of held-out ids
+        self.set_limit(base)
+
+    # Blocks are returned through BlockPool.free_blocks; catch ids above the limit on the way back.
+    def _free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
+        blocks = list(ordered_blocks)
+        self._orig_free(blocks)
+        for b in blocks:
+            if b.block_id >= self.limit and b.ref_cnt == 0 and not b.is_null:
+                self._hold(b)
+
+    def _hold(self, block: Any) -> None:
+        if block.block_id in self.held:
+            return
+        self.pool.free_block_queue.remove(block)
+        if self.pool.enable_caching:
+            self.pool._maybe_evict_cached_block(block)  # no prefix-cache hit may touch a held-out block
+        self.held.add(block.block_id)
+
+    def set_limit(self, limit: int) -> None:
+        """Expose blocks ``< limit``. Lowering it holds free ids at once; busy ones when freed."""
+        if not self.base <= limit <= self.base + self.extra:
+            raise ValueError(f"kv elastic: limit {limit} outside [{self.base}, {self.base + self.extra}]")
+        old, self.limit = self.limit, limit
+        if limit > old:  # release held ids back to vLLM
+            back = [self.pool.blocks[i] for i in sorted(self.held) if i < limit]
+            for b in back:
+                self.held.discard(b.block_id)
+            self.pool.free_block_queue.append_n(back)
+        else:
+            self.sweep()
+
+    def sweep(self) -> None:
+        for i in range(self.limit, self.total):
+            b = self.pool.blocks[i]
+            if i not in self.held and b.ref_cnt == 0:
+                self._hold(b)
+
+    def busy_above(self, limit: int | None = None) -> list[int]:
+        """Ids >= ``limit`` (default: current limit) still owned by requests."""
+        lim = self.limit if limit is None else limit
+        return [i for i in range(lim, self.total) if i not in self.held and self.pool.blocks[i].ref_cnt > 0]
+
+    @property
+    def drained(self) -> bool:
+        return not self.busy_above()
+
+    def used_blocks(self) -> int:
+        """Blocks owned by requests (null block and held-out ids excluded)."""
+        return self.total - 1 - self.pool.get_num_free_blocks() - len(self.held)
+
+    def allowed_blocks(self) -> int:
+        return self.limit - 1  # the null block is never handed out
+
+
+def requests_holding(kv_cache_manager: Any, requests: Sequence[Any], ids: set[int]) -> list[Any]:
+    """Running requests that own any block id in ``ids`` (drain-timeout preemption candidates)."""
+    out = []
+    for r in requests:
+        try:
+            groups = kv_cache_manager.get_block_ids(r.request_id)
+        except Exception:  # noqa: BLE001 - request without blocks yet
+            continue
+        if any(b in ids for g in groups for b in g):
+            out.append(r)
+    return out
+
+
+# --- worker side -------------------------------------------------------------------------------------
+class KVPageReleaser:
+    """Releases the physical pages of KV blocks >= ``first`` in every layer tensor (CPU)."""
+
+    def __init__(self, kv_caches: Sequence[Any], device_type: str) -> None:
+        if device_type != "cpu":
+            raise NotImplementedError(
+                "kv elastic: releasing KV pages on CUDA needs CUDA virtual memory (cuMemMap/cuMemUnmap of "
+                "the pool's chunks, e.g. the kvcached package); not implemented in this build. The scheduler "
+                "side works unchanged; run with memory.release_pages=false to keep the pool committed."
+            )
+        seen: dict[int, Any] = {}
+        for t in kv_caches:
+            seen.setdefault(t.data_ptr(), t)  # layers may alias the same bytes
+        self.layers = list(seen.values())
+        lib = ctypes.util.find_library("c")
+        self._libc = ctypes.CDLL(lib, use_errno=True) if lib else None
+        self._libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+    def ranges(self, first: int) -> list[tuple[int, int]]:
+        out = []
+        for t in self.layers:
+            n = t.shape[0]
+            if first >= n:
+                continue
+            tail = t[first:]
+            if not tail.is_contiguous():
+                raise NotImplementedError(f"kv elastic: blocks of a KV tensor {tuple(t.shape)} are not contiguous")
+            bs = t.stride(0) * t.element_size()
+            r = extra_block_ranges(t.data_ptr(), bs, n, first)
+            if r:
+                out.append(r)
+        return merge_ranges(out)
+
+    def release(self, first: int) -> int:
+        """madvise(MADV_DONTNEED) the pages of blocks >= ``first``; returns bytes released."""
+        total = 0
+        for s, e in self.ranges(first):
+            if self._libc.madvise(ctypes.c_void_p(s), ctypes.c_size_t(e - s), MADV_DONTNEED) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"madvise(MADV_DONTNEED) failed on KV range [{s:#x}, {e:#x})")
+            total += e - s
+        return total

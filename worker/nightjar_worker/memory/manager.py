@@ -1,0 +1,349 @@
+"""``ElasticMemoryManager``: the scheduler-process half of elastic draft memory.
+
+Step contract (called by ``NightjarScheduler.schedule`` before vLLM schedules the step)::
+
+    directive = manager.on_step(planner_gamma, spec_gain_s=None, switch_cost_s=0.0)
+    gamma = directive.clamp(planner_gamma)   # 0 unless the draft is fully resident
+
+``on_step`` (1) collects finished background moves from the worker, (2) asks the offload policy
+(or the pinned mode) what to do, (3) moves the KV block limit, and returns whether the draft may
+run this step and how many blocks the scheduler may use. All worker work goes through vLLM's
+``collective_rpc`` (functions in ``worker_agent.py``); weight copies run in a worker thread, so
+the engine keeps decoding (gamma 0) while the draft moves. Every transition is a log line and a
+metric (``nightjar_draft_*``, ``nightjar_kv_blocks_*``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import worker_agent as wa
+from .config import ElasticMemoryConfig
+from .fault import RetryBackoff
+from .kv_elastic import ElasticBlockPool, plan_extra_blocks, requests_holding
+from .offload_policy import Action, MemoryView, OffloadPolicy
+from .offload_state import DraftState, DraftStateMachine, Transition
+
+log = logging.getLogger("nightjar.memory")
+
+Rpc = Callable[..., list[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class StepDirective:
+    draft_available: bool
+    allowed_blocks: int
+    state: DraftState
+
+    def clamp(self, gamma: int) -> int:
+        return gamma if self.draft_available else 0
+
+
+def _metrics() -> Any:
+    try:
+        from nightjar_worker.metrics import worker_metrics
+
+        return worker_metrics()
+    except Exception as e:  # noqa: BLE001 - metrics must never stop the engine
+        log.warning("nightjar memory: metrics unavailable (%s)", e)
+        return None
+
+
+def find_engine_rpc(max_depth: int = 12) -> Rpc | None:
+    """The ``collective_rpc`` of the vLLM executor that is constructing the caller.
+
+    vLLM's EngineCore builds its executor before the scheduler and hands the scheduler no handle to
+    it; the EngineCore is the ``self`` of a frame up the stack of ``Scheduler.__init__``.
+    """
+    f = sys._getframe(1)
+    for _ in range(max_depth):
+        if f is None:
+            break
+        obj = f.f_locals.get("self")
+        ex = getattr(obj, "model_executor", None)
+        if ex is not None and hasattr(ex, "collective_rpc"):
+            return ex.collective_rpc
+        f = f.f_back
+    return None
+
+
+class ElasticMemoryManager:
+    def __init__(
+        self,
+        scheduler: Any,
+        rpc: Rpc,
+        config: ElasticMemoryConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scheduler = scheduler
+        self.rpc = rpc
+        self.config = config
+        self.clock = clock
+        self.metrics = _metrics()
+        infos = rpc(wa.rpc_init, args=(config.host_store, config.offload_dir, config.release_pages))
+        self.worker_info = infos[0]
+        self.draft_bytes = sum(i["draft_bytes"] for i in infos)
+        self.block_bytes = sum(i["block_bytes"] for i in infos)
+        block_pool = scheduler.kv_cache_manager.block_pool
+        total = block_pool.num_gpu_blocks
+        base, extra = plan_extra_blocks(total, config.base_blocks, self.draft_bytes, self.block_bytes)
+        self.pool = ElasticBlockPool(block_pool, base, extra)
+        self.released_bytes = 0
+        if config.release_pages:  # the held-back part of the pool costs no memory from now on
+            self.released_bytes = sum(rpc(wa.rpc_release_from, args=(base,)))
+        self.policy = OffloadPolicy(config.policy)
+        self.backoff = RetryBackoff(config.backoff)
+        self.sm = DraftStateMachine(clock=clock)
+        self.sm.add_listener(self._on_transition)
+        self.last_reload_s = 0.0
+        self.reload_failures = 0
+        self.step = 0
+        self.steps_in_state = 0
+        self._control_mtime: float | None = None
+        self._mode = config.mode
+        self._trace = open(config.trace_file, "a", buffering=1) if config.trace_file else None  # noqa: SIM115
+        self._last_step_t: float | None = None
+        if self.metrics is not None:
+            self.metrics.draft_state_changed(None, DraftState.RESIDENT.label)
+            self.metrics.set_kv_blocks(self.pool.allowed_blocks(), 0)
+        log.info(
+            "nightjar memory: elastic draft memory on: pool %d blocks, base %d, extra %d when offloaded "
+            "(draft %d bytes / block %d bytes = %.2f), %d bytes of held-back KV pages released, mode %s",
+            total, base, extra, self.draft_bytes, self.block_bytes, self.draft_bytes / self.block_bytes,
+            self.released_bytes, self._mode,
+        )
+
+    # -- construction from a scheduler ------------------------------------------------------------------
+    @classmethod
+    def attach_if_enabled(cls, scheduler: Any, vllm_config: Any) -> ElasticMemoryManager | None:
+        from .config import load_config
+
+        cfg = load_config(getattr(vllm_config, "additional_config", None) or {})
+        if not cfg.enabled:
+            return None
+        rpc = find_engine_rpc()
+        if rpc is None:
+            raise RuntimeError(
+                "elastic memory: enabled but no vLLM executor found above the scheduler's constructor "
+                "(is the scheduler built by vLLM's EngineCore?)"
+            )
+        return cls(scheduler, rpc, cfg)
+
+    # -- state transitions: side effects, metrics, logs --------------------------------------------------
+    def _on_transition(self, tr: Transition) -> None:
+        m = self.metrics
+        if m is not None:
+            m.draft_state_changed(tr.src.label, tr.dst.label)
+            extra = self.pool.limit - self.pool.base
+            m.set_kv_blocks(self.pool.allowed_blocks(), extra)
+        log.info(
+            "nightjar memory: draft %s -> %s after %.3fs (%s); KV blocks usable %d (extra %d)",
+            tr.src.label, tr.dst.label, tr.duration_s, tr.reason, self.pool.allowed_blocks(),
+            self.pool.limit - self.pool.base,
+        )
+        self.steps_in_state = 0
+        self._write_trace({"event": "transition", "from": tr.src.label, "to": tr.dst.label, "reason": tr.reason,
+                           "duration_s": tr.duration_s})
+
+    def _write_trace(self, rec: dict[str, Any]) -> None:
+        if self._trace is not None:
+            rec.setdefault("t", time.time())
+            self._trace.write(json.dumps(rec) + "\n")
+
+    def _poll(self) -> dict[str, Any]:
+        res = self.rpc(wa.rpc_poll)
+        out = dict(res[0])
+        out["done"] = all(r.get("done", True) for r in res)
+        errs = [r["error"] for r in res if r.get("error")]
+        out["error"] = "; ".join(errs) if errs else None
+        out["duration_s"] = max(r.get("duration_s", 0.0) for r in res)
+        return out
+
+    def _start(self, op: Callable[..., Any], what: str) -> str | None:
+        try:
+            self.rpc(op)
+            return None
+        except Exception as e:  # noqa: BLE001 - e.g. a worker refusing; reported as a failed move
+            log.warning("nightjar memory: could not start draft %s: %s", what, e)
+            return f"{type(e).__name__}: {e}"
+
+    def _mode_now(self) -> str:
+        path = self.config.control_file
+        if path:
+            try:
+                mt = os.stat(path).st_mtime
+                if mt != self._control_mtime:
+                    self._control_mtime = mt
+                    val = open(path).read().strip() or "auto"  # noqa: SIM115
+                    if val not in ("auto", "resident", "offloaded"):
+                        log.error("nightjar memory: control file %s: mode %r is not auto|resident|offloaded", path, val)
+                    elif val != self._mode:
+                        log.info("nightjar memory: mode %s -> %s (control file)", self._mode, val)
+                        self._mode = val
+            except FileNotFoundError:
+                pass
+        return self._mode
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in ("auto", "resident", "offloaded"):
+            raise ValueError(f"mode: expected auto|resident|offloaded, got {mode!r}")
+        self._mode = mode
+
+    # -- the step hook -------------------------------------------------------------------------------------
+    def view(self, planner_gamma: int, spec_gain_s: float | None, switch_cost_s: float) -> MemoryView:
+        s = self.scheduler
+        return MemoryView(
+            planner_gamma=planner_gamma,
+            batch_size=len(s.running),
+            num_waiting=len(s.waiting),
+            used_blocks=self.pool.used_blocks(),
+            allowed_blocks=self.pool.allowed_blocks(),
+            base_blocks=self.pool.base - 1,
+            spec_gain_s=spec_gain_s,
+            switch_cost_s=switch_cost_s,
+            reload_cost_s=self.last_reload_s,
+        )
+
+    def on_step(self, planner_gamma: int, spec_gain_s: float | None = None, switch_cost_s: float = 0.0) -> StepDirective:
+        now = self.clock()
+        self.step += 1
+        self.steps_in_state += 1
+        sm, pool = self.sm, self.pool
+        st = sm.state
+
+        # 1. progress of background moves
+        if st in (DraftState.OFFLOADING, DraftState.RELOADING):
+            p = self._poll()
+            if p["done"]:
+                if st is DraftState.OFFLOADING:
+                    if p["error"]:
+                        sm.to(DraftState.RESIDENT, f"offload failed: {p['error']}")
+                    else:
+                        pool.set_limit(pool.base + pool.extra)
+                        if self.metrics is not None:
+                            self.metrics.observe_offload(p["duration_s"])
+                        sm.to(DraftState.OFFLOADED, f"weights on host ({p.get('bytes', 0)} bytes copied)")
+                else:
+                    self._finish_reload(p, now)
+
+        # 2. decide
+        mode = self._mode_now()
+        view = self.view(planner_gamma, spec_gain_s, switch_cost_s)
+        st = sm.state
+        action = self.policy.decide(view, st, sm.time_in_state(), retry_allowed=self.backoff.allowed(now))
+        if mode == "resident":
+            action = Action.DRAIN if st is DraftState.OFFLOADED and self.backoff.allowed(now) else Action.NONE
+        elif mode == "offloaded":
+            action = {DraftState.RESIDENT: Action.OFFLOAD, DraftState.DRAINING: Action.CANCEL_DRAIN}.get(st, Action.NONE)
+
+        # 3. act
+        if action is Action.OFFLOAD:
+            reason = "pinned offloaded" if mode == "offloaded" else (
+                f"gamma 0 under pressure: waiting {view.num_waiting}, KV usage {view.kv_usage:.2f}")
+            sm.to(DraftState.OFFLOADING, reason)
+            err = self._start(wa.rpc_offload, "offload")
+            if err:
+                sm.to(DraftState.RESIDENT, f"offload failed: {err}")
+        elif action is Action.DRAIN:
+            pool.set_limit(pool.base)
+            sm.to(DraftState.DRAINING, "pinned resident" if mode == "resident" else
+                  f"planner wants gamma {planner_gamma}, KV usage of base {view.base_usage:.2f}")
+        elif action is Action.CANCEL_DRAIN:
+            pool.set_limit(pool.base + pool.extra)
+            sm.to(DraftState.OFFLOADED, "pressure returned while draining")
+
+        # 4. drain: reload once no request holds an extra block
+        if sm.state is DraftState.DRAINING:
+            pool.sweep()
+            if pool.drained:
+                self._begin_reload()
+            elif sm.time_in_state() >= self.config.policy.drain_timeout_s:
+                self._preempt_holders()
+
+        d = StepDirective(sm.draft_available, pool.allowed_blocks(), sm.state)
+        if self._trace is not None:
+            t = time.perf_counter()
+            self._write_trace({
+                "step": self.step, "state": sm.state.label, "running": view.batch_size,
+                "waiting": view.num_waiting, "used": pool.used_blocks(), "allowed": d.allowed_blocks,
+                "gamma": d.clamp(planner_gamma),
+                "dt": None if self._last_step_t is None else t - self._last_step_t,
+            })
+            self._last_step_t = t
+        return d
+
+    def _begin_reload(self) -> None:
+        pool = self.pool
+        if self.config.release_pages and pool.extra:
+            try:
+                self.released_bytes = sum(self.rpc(wa.rpc_release_from, args=(pool.base,)))
+            except Exception as e:  # noqa: BLE001
+                self._reload_failed(f"releasing KV pages: {type(e).__name__}: {e}", self.clock())
+                return
+        self.sm.to(DraftState.RELOADING, f"extra blocks drained, {self.released_bytes} bytes of KV pages released")
+        err = self._start(wa.rpc_reload, "reload")
+        if err:
+            self._reload_failed(err, self.clock())
+
+    def _finish_reload(self, p: dict[str, Any], now: float) -> None:
+        if p["error"]:
+            self._reload_failed(p["error"], now)
+            return
+        self.last_reload_s = p["duration_s"]
+        self.backoff.record_success()
+        if self.metrics is not None:
+            self.metrics.observe_reload(p["duration_s"], ok=True)
+        self.sm.to(DraftState.RESIDENT, f"weights back in {p['duration_s']:.3f}s")
+
+    def _reload_failed(self, reason: str, now: float) -> None:
+        self.reload_failures += 1
+        delay = self.backoff.record_failure(now)
+        if self.metrics is not None:
+            self.metrics.observe_reload(None, ok=False)
+        # Serve autoregressively with the extra blocks again until the retry.
+        self.pool.set_limit(self.pool.base + self.pool.extra)
+        self.sm.to(DraftState.OFFLOADED, f"reload failed ({reason}); retry in {delay:.1f}s")
+        log.warning("nightjar memory: draft reload failed (%s); serving in AR mode, retry in %.1fs", reason, delay)
+
+    def _preempt_holders(self) -> None:
+        s = self.scheduler
+        busy = set(self.pool.busy_above())
+        victims = requests_holding(s.kv_cache_manager, s.running, busy)
+        for req in victims:
+            s.running.remove(req)
+            s._preempt_request(req, time.time())
+        if victims:
+            log.info("nightjar memory: drain timeout: preempted %d request(s) holding extra blocks (recompute)",
+                     len(victims))
+            self.pool.sweep()
+
+    def wait_idle(self, timeout_s: float = 60.0) -> None:
+        """Block until a background move finishes (tests)."""
+        self.rpc(wa.rpc_wait, args=(timeout_s,))
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "state": self.sm.state.label,
+            "base_blocks": self.pool.base,
+            "extra_blocks": self.pool.extra,
+            "total_blocks": self.pool.total,
+            "allowed_blocks": self.pool.allowed_blocks(),
+            "used_blocks": self.pool.used_blocks(),
+            "draft_bytes": self.draft_bytes,
+            "block_bytes": self.block_bytes,
+            "reload_failures": self.reload_failures,
+            "last_reload_s": self.last_reload_s,
+            "worker": self.worker_info,
+        }
+
+    def close(self) -> None:
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None

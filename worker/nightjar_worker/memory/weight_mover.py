@@ -1,0 +1,268 @@
+"""Move the draft's parameters to host memory and back, asynchronously (runs in the worker process).
+
+One code path for every device, parameterised by ``device``:
+
+* the copies run in a background thread (so the worker keeps stepping the target, in AR mode),
+  inside ``torch.cuda.stream(side_stream)`` on CUDA (a side stream, so they overlap the compute
+  stream) and a null context on CPU;
+* every copy is ``dst.copy_(src, non_blocking=True)`` followed by one synchronisation of the side
+  stream (a no-op on CPU, where copies are synchronous);
+* the host tier is chosen by the device: pinned host memory on CUDA (what makes ``non_blocking``
+  truly asynchronous), and on CPU, where "device" and "host" are the same RAM, a file-backed
+  mapping that is unmapped after the copy so the bytes leave the process's resident set (they sit
+  in the page cache / on disk until the reload maps them back).
+
+The host copy is written once (on the first offload) and kept: the draft's weights never change,
+so later offloads only free the device tensors. Parameters that share storage with the target
+(e.g. tied embeddings vLLM shares between draft and target) are never moved.
+
+Step contract: ``start_offload()`` / ``start_reload()`` return a ``MoveTask`` immediately; the
+caller polls ``task.done``. The draft must not run between ``start_offload`` and a completed
+reload (the scheduler holds gamma at 0: see ``manager.py``); a failed reload leaves the draft
+offloaded and its parameters empty, so the device memory budget is still respected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .fault import FaultInjector
+
+log = logging.getLogger("nightjar.memory")
+
+
+@dataclass
+class MoveTask:
+    """A background copy; ``done`` flips once, then ``error`` / ``duration_s`` are final."""
+
+    kind: str  # "offload" | "reload"
+    started_s: float = field(default_factory=time.monotonic)
+    done: bool = False
+    error: str | None = None
+    duration_s: float = 0.0
+    bytes_moved: int = 0
+    _thread: threading.Thread | None = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.done
+
+
+class HostStore:
+    """Where offloaded bytes live. ``map()`` gives a flat uint8 tensor of ``nbytes``; ``unmap()``
+    drops it from the process (a no-op for pinned memory, which is host RAM outside the budget)."""
+
+    def __init__(self, nbytes: int, device: torch.device, kind: str = "auto", directory: str | None = None) -> None:
+        if kind == "auto":
+            kind = "pinned" if device.type == "cuda" else "file"
+        if kind not in ("pinned", "memory", "file"):
+            raise ValueError(f"host_store: expected auto|pinned|memory|file, got {kind!r}")
+        self.kind, self.nbytes = kind, nbytes
+        self._buf: torch.Tensor | None = None
+        self._path: str | None = None
+        if kind == "file":
+            d = directory or os.environ.get("NIGHTJAR_OFFLOAD_DIR") or tempfile.gettempdir()
+            os.makedirs(d, exist_ok=True)
+            fd, self._path = tempfile.mkstemp(prefix="nightjar-draft-", suffix=".bin", dir=d)
+            os.ftruncate(fd, max(1, nbytes))
+            os.close(fd)
+        else:
+            self._buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
+
+    def map(self, for_write: bool) -> torch.Tensor:
+        if self._buf is not None:
+            return self._buf
+        assert self._path is not None
+        # shared=True writes through to the file; a private mapping for reading faults pages in lazily.
+        return torch.from_file(self._path, shared=for_write, size=self.nbytes, dtype=torch.uint8)
+
+    def close(self) -> None:
+        self._buf = None
+        if self._path and os.path.exists(self._path):
+            os.unlink(self._path)
+        self._path = None
+
+
+def _release_freed_heap() -> None:
+    """Return freed heap pages to the OS (glibc keeps them otherwise); CPU only, best effort."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(name).malloc_trim(0)
+
+
+class DraftWeightMover:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        device: torch.device | str,
+        shared_with: torch.nn.Module | None = None,
+        host_store: str = "auto",
+        offload_dir: str | None = None,
+        faults: FaultInjector | None = None,
+        on_done: Callable[[MoveTask], None] | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.faults = faults or FaultInjector()
+        self.on_done = on_done
+        shared = set()
+        if shared_with is not None:
+            shared = {p.untyped_storage().data_ptr() for p in shared_with.parameters() if p.numel()}
+        seen: set[int] = set()
+        self.params: list[tuple[str, torch.nn.Parameter]] = []
+        self.shared_names: list[str] = []
+        for name, p in module.named_parameters():
+            ptr = p.untyped_storage().data_ptr()
+            if p.numel() and ptr in shared:
+                self.shared_names.append(name)
+                continue
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            self.params.append((name, p))
+        # Layout of the flat host copy (aligned so every slice can be viewed as its dtype).
+        self.meta: list[tuple[int, torch.Size, torch.dtype]] = []
+        off = 0
+        for _, p in self.params:
+            self.meta.append((off, p.shape, p.dtype))
+            off += (p.numel() * p.element_size() + 63) // 64 * 64
+        self.nbytes = off
+        # CPU: linear layers whose weights vLLM packed into opaque handles (see cpu_packed.py).
+        self.packed = [(n, m) for n, m in module.named_modules() if hasattr(m, "_nightjar_packed")]
+        self.packed_bytes = sum(self._packed_nbytes(m) for _, m in self.packed)
+        self.param_bytes = sum(p.numel() * p.element_size() for _, p in self.params) + self.packed_bytes
+        self._store = HostStore(self.nbytes, self.device, host_store, offload_dir)
+        self._host_valid = False
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.resident = True
+        self.task: MoveTask | None = None
+
+    # -- one copy loop for both directions and every device -----------------------------------------
+    def _stream_ctx(self):  # noqa: ANN202
+        return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+
+    def _sync(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
+
+    def _copy_to_host(self) -> int:
+        host = self._store.map(for_write=True)
+        with self._stream_ctx():
+            for (off, _, _), (_, p) in zip(self.meta, self.params, strict=True):
+                n = p.numel() * p.element_size()
+                host[off : off + n].copy_(p.data.contiguous().view(-1).view(torch.uint8), non_blocking=True)
+        self._sync()
+        del host  # unmap (file store): the bytes now live outside the process
+        return self.param_bytes
+
+    def _copy_to_device(self) -> list[torch.Tensor]:
+        host = self._store.map(for_write=False)
+        out: list[torch.Tensor] = []
+        with self._stream_ctx():
+            for off, shape, dtype in self.meta:
+                t = torch.empty(shape, dtype=dtype, device=self.device)
+                n = t.numel() * t.element_size()
+                t.view(-1).view(torch.uint8).copy_(host[off : off + n], non_blocking=True)
+                out.append(t)
+        self._sync()
+        del host
+        return out
+
+    @staticmethod
+    def _packed_nbytes(m: torch.nn.Module) -> int:
+        info = m._nightjar_packed
+        return info.nbytes if info.remove_weight else m.weight.numel() * m.weight.element_size()
+
+    def _free_device(self) -> None:
+        from . import cpu_packed
+
+        for _, m in self.packed:
+            cpu_packed.drop(m)
+        empty = [torch.empty(0, dtype=p.dtype, device=self.device) for _, p in self.params]
+        for (_, p), e in zip(self.params, empty, strict=True):
+            p.data = e
+        if self.device.type == "cpu":
+            _release_freed_heap()
+        elif self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- async API ------------------------------------------------------------------------------------
+    def _run(self, task: MoveTask, body: Callable[[], int]) -> MoveTask:
+        def target() -> None:
+            try:
+                task.bytes_moved = body()
+            except Exception as e:  # noqa: BLE001 - any failure is reported, never raised into the worker loop
+                task.error = f"{type(e).__name__}: {e}"
+                log.warning("nightjar memory: draft %s failed: %s", task.kind, task.error)
+            finally:
+                task.duration_s = time.monotonic() - task.started_s
+                task.done = True
+                if self.on_done is not None:
+                    self.on_done(task)
+
+        if self.task is not None and not self.task.done:
+            raise RuntimeError(f"draft weights: a {self.task.kind} is still running")
+        self.task = task
+        th = threading.Thread(target=target, name=f"nightjar-draft-{task.kind}", daemon=True)
+        task._thread = th
+        th.start()
+        return task
+
+    def start_offload(self) -> MoveTask:
+        if not self.resident:
+            raise RuntimeError("draft weights: offload requested but the draft is not resident")
+
+        def body() -> int:
+            moved = 0
+            if not self._host_valid:
+                moved = self._copy_to_host()
+                self._host_valid = True
+            self._free_device()
+            self.resident = False
+            return moved
+
+        return self._run(MoveTask("offload"), body)
+
+    def start_reload(self) -> MoveTask:
+        if self.resident:
+            raise RuntimeError("draft weights: reload requested but the draft is resident")
+
+        def body() -> int:
+            self.faults.check_reload()
+            new = self._copy_to_device()  # allocation failures surface here, before any swap
+            try:
+                for (_, p), t in zip(self.params, new, strict=True):
+                    p.data = t
+                if self.packed:
+                    from . import cpu_packed
+
+                    for _, m in self.packed:
+                        info = m._nightjar_packed
+                        cpu_packed.redispatch(m, info.load() if info.remove_weight else None)
+            except BaseException:
+                self._free_device()  # all or nothing: a half-restored draft must not stay in memory
+                raise
+            self.resident = True
+            return self.param_bytes
+
+        return self._run(MoveTask("reload"), body)
+
+    def device_bytes(self) -> int:
+        plain = sum(p.numel() * p.element_size() for _, p in self.params)
+        return plain + (self.packed_bytes if self.resident else 0)
+
+    def close(self) -> None:
+        self._store.close()

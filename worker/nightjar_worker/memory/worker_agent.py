@@ -1,0 +1,128 @@
+"""The worker-process half of elastic memory, driven by ``collective_rpc`` from the scheduler.
+
+Every ``rpc_*`` function is module level (vLLM pickles it by reference) and takes the worker
+(vLLM's ``WorkerWrapperBase``) first. They return plain dicts and never raise into the worker's
+RPC loop for expected failures: a failed move is reported in ``rpc_poll``.
+
+Safety net: while the draft is not resident the runner's ``_input_fits_in_drafter`` answers False,
+so even a scheduler bug asking for drafts cannot run a draft whose parameters are empty; vLLM then
+emits no drafts for that step (plain autoregressive decoding).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from .fault import FaultInjector
+from .kv_elastic import KVPageReleaser
+from .weight_mover import DraftWeightMover
+
+log = logging.getLogger("nightjar.memory")
+
+ATTR = "_nightjar_memory_agent"
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+class WorkerMemoryAgent:
+    def __init__(self, worker: Any, host_store: str = "auto", offload_dir: str | None = None,
+                 release_pages: bool = True) -> None:
+        runner = worker.model_runner
+        drafter = getattr(runner, "drafter", None)
+        draft = getattr(drafter, "model", None)
+        if draft is None:
+            raise RuntimeError(
+                "elastic memory: the engine has no draft model (speculative_config method 'draft_model' is required)"
+            )
+        self.runner = runner
+        self.device = runner.device
+        self.mover = DraftWeightMover(
+            draft, self.device, shared_with=runner.model, host_store=host_store, offload_dir=offload_dir,
+            faults=FaultInjector.from_env(),
+        )
+        kv = list(runner.kv_caches)
+        self.num_blocks = int(kv[0].shape[0])
+        uniq = {t.data_ptr(): t for t in kv}.values()
+        self.block_bytes = int(sum(t[0].numel() * t.element_size() for t in uniq))
+        self.releaser = KVPageReleaser(kv, self.device.type) if release_pages else None
+        self._install_guard()
+
+    def _install_guard(self) -> None:
+        runner, mover = self.runner, self.mover
+        orig = runner._input_fits_in_drafter
+
+        def fits(*args: Any, **kwargs: Any) -> bool:
+            return mover.resident and orig(*args, **kwargs)
+
+        runner._input_fits_in_drafter = fits
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "draft_bytes": self.mover.param_bytes,
+            "draft_params": len(self.mover.params),
+            "shared_params": list(self.mover.shared_names),
+            "block_bytes": self.block_bytes,
+            "num_blocks": self.num_blocks,
+            "device": str(self.device),
+            "rss_bytes": _rss_bytes(),
+            "pid": os.getpid(),
+        }
+
+    def poll(self) -> dict[str, Any]:
+        t = self.mover.task
+        out: dict[str, Any] = {"resident": self.mover.resident, "rss_bytes": _rss_bytes()}
+        if t is not None:
+            out.update(kind=t.kind, done=t.done, error=t.error, duration_s=t.duration_s, bytes=t.bytes_moved)
+        return out
+
+
+def _agent(worker: Any) -> WorkerMemoryAgent:
+    a = getattr(worker, ATTR, None)
+    if a is None:
+        raise RuntimeError("elastic memory: rpc_init was not called on this worker")
+    return a
+
+
+def rpc_init(worker: Any, host_store: str, offload_dir: str | None, release_pages: bool) -> dict[str, Any]:
+    agent = getattr(worker, ATTR, None)
+    if agent is None:
+        agent = WorkerMemoryAgent(worker, host_store, offload_dir, release_pages)
+        setattr(worker, ATTR, agent)
+    return agent.info()
+
+
+def rpc_release_from(worker: Any, first_block: int) -> int:
+    """Return the pages of KV blocks >= first_block to the OS (their owners must be gone)."""
+    a = _agent(worker)
+    return a.releaser.release(first_block) if a.releaser is not None else 0
+
+
+def rpc_offload(worker: Any) -> dict[str, Any]:
+    a = _agent(worker)
+    a.mover.start_offload()
+    return a.poll()
+
+
+def rpc_reload(worker: Any) -> dict[str, Any]:
+    a = _agent(worker)
+    a.mover.start_reload()
+    return a.poll()
+
+
+def rpc_poll(worker: Any) -> dict[str, Any]:
+    return _agent(worker).poll()
+
+
+def rpc_wait(worker: Any, timeout_s: float) -> dict[str, Any]:
+    a = _agent(worker)
+    if a.mover.task is not None:
+        a.mover.task.wait(timeout_s)
+    return a.poll()
