@@ -137,6 +137,15 @@ def test_admin_update_is_applied_in_the_engine(server):
     assert complete(server).status_code == 200  # still serving
 
 
+def test_admin_update_the_engine_cannot_apply_is_refused_and_rolled_back(server):
+    before = admin(server, "GET").json()
+    r = admin(server, "POST", {"planner": {"policy": "dsd"}})  # dsd needs a cost profile: the engine refuses
+    assert r.status_code == 422 and "rejected by the engine" in r.json()["error"] and "dsd" in r.json()["error"]
+    after = admin(server, "GET").json()
+    assert after["engine"]["applied_digest"] == before["engine"]["applied_digest"]
+    assert after["config"] == before["config"]  # the file was put back
+
+
 def test_malformed_file_is_rejected_and_old_config_kept(server):
     m0 = metrics(server)
     tpot0 = metric_sum(m0, "nightjar_slo_tpot_target_seconds")

@@ -30,6 +30,7 @@ from nightjar_worker.runtime_config import (
     parse_runtime_config,
     read_status,
     write_config_atomically,
+    write_text_atomically,
 )
 
 PATH = "/nightjar/v1/config"
@@ -142,20 +143,30 @@ class AdminMiddleware:
             return 409, {
                 "error": f"config file {path} is read-only (a mounted ConfigMap?): update the ConfigMap instead"
             }
+        previous = Path(path).read_text() if Path(path).exists() else None
+        t_write = time.time()
         write_config_atomically(path, new)
         digest = new.digest()
-        applied = await _wait_applied(digest)
-        return 200, {"status": "applied" if applied else "written", "digest": digest, "path": path}
+        outcome, err = await _wait_applied(digest, t_write)
+        if outcome == "rejected":
+            # The engine kept its config; put the file back so file and engine agree.
+            if previous is not None:
+                write_text_atomically(path, previous)
+            return 422, {"error": f"rejected by the engine: {err}"}
+        return 200, {"status": outcome, "digest": digest, "path": path}
 
 
-async def _wait_applied(digest: str) -> bool:
-    """Poll the engine's status file until it reports ``digest`` (False if no engine reports)."""
+async def _wait_applied(digest: str, since: float) -> tuple[str, str | None]:
+    """Poll the engine's status file: ("applied", None), ("rejected", error) or ("written", None)
+    when no engine reported within ``APPLY_WAIT_S``."""
     if not os.environ.get("NIGHTJAR_STATE_DIR"):
-        return False
+        return "written", None
     deadline = time.monotonic() + APPLY_WAIT_S
     while time.monotonic() < deadline:
         st = read_status()
         if st and st.get("applied_digest") == digest:
-            return True
+            return "applied", None
+        if st and st.get("last_error") and st.get("applied_at", 0) >= since:
+            return "rejected", st["last_error"]
         await asyncio.sleep(0.1)
-    return False
+    return "written", None

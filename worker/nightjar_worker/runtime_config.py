@@ -211,9 +211,12 @@ class PolicyHolder:
 
 def write_config_atomically(path: str | os.PathLike[str], cfg: WorkerRuntimeConfig) -> None:
     """Write ``cfg`` as YAML via rename, so a watcher never reads a half-written file."""
+    write_text_atomically(path, yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True), sort_keys=False))
+
+
+def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True), sort_keys=False)
     fd, tmp = tempfile.mkstemp(prefix=".nightjar-", suffix=".yaml", dir=p.parent)
     try:
         with os.fdopen(fd, "w") as f:
