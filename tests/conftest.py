@@ -1,0 +1,69 @@
+"""Session-wide fixtures shared by every area (owner: cluster harness).
+
+``k8s``: a real loopback Kubernetes 1.20 control plane (etcd, kube-apiserver, controller-manager,
+scheduler) plus the node agent, started once per session on first use
+(:class:`nightjar_operator.testing.cluster.LocalCluster`). Containers never run there: the node agent
+reports pods Running/Ready and gives them 127.0.0.x IPs. While the session cluster is up,
+``os.environ["KUBECONFIG"]`` points at its admin kubeconfig (so kopf's ``KopfRunner`` and the
+kubernetes client find it).
+
+``namespace``: a fresh namespace per test (default ServiceAccount token ready), deleted afterwards.
+
+Nothing here starts or imports anything until a test asks for these fixtures; tests using them are
+marked ``cluster`` automatically. ``NIGHTJAR_K8S_REUSE=1`` attaches to a cluster from
+``make cluster-up`` instead of starting one (faster edit-test loops).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+
+import pytest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if {"k8s", "namespace"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def k8s():
+    from nightjar_operator.testing.cluster import DEFAULT_STATE_DIR, LocalCluster, missing_binaries
+
+    if os.environ.get("NIGHTJAR_K8S_REUSE") == "1":
+        cluster = LocalCluster.attach(os.environ.get("NIGHTJAR_K8S_STATE_DIR", DEFAULT_STATE_DIR))
+        owned = False
+    else:
+        missing = missing_binaries()
+        if missing:
+            pytest.fail(
+                f"the test cluster needs {', '.join(missing)}: run `make cluster-build` (and `make helm`) "
+                "first; `make test` does it",
+                pytrace=False,
+            )
+        cluster = LocalCluster().start()
+        owned = True
+    old = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = cluster.kubeconfig
+    try:
+        yield cluster
+    finally:
+        if old is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = old
+        if owned:
+            cluster.stop()
+
+
+@pytest.fixture
+def namespace(k8s, request):
+    """Name of a fresh namespace whose default ServiceAccount is ready; deleted (not awaited) after."""
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{base}-{uuid.uuid4().hex[:6]}"
+    k8s.create_namespace(name)
+    yield name
+    k8s.delete_namespace(name)
