@@ -13,11 +13,12 @@ HELM_RENDER = $(HELM) template nightjar $(CHART) --namespace $(MANIFESTS_NS) --s
 prometheus: ## Prometheus + promtool from Debian (idempotent; tests start their own on loopback)
 	bash scripts/prometheus/install.sh
 
-# The chart installs the CRD from a verbatim copy of `make crds`'s output (tests check the copy).
-chart-crds: ## copy manifests/crds/*.yaml into the chart (files/crds/)
+# The chart reads the CRD through symlinks to `make crds`'s output: one source, no copy to drift
+# (helm follows them, and `helm package` stores the contents).
+chart-crds: ## link manifests/crds/*.yaml into the chart (files/crds/)
 	mkdir -p $(CHART_CRDS)
 	rm -f $(CHART_CRDS)/*.yaml
-	cp manifests/crds/*.yaml $(CHART_CRDS)/
+	for f in manifests/crds/*.yaml; do ln -s ../../../../$$f $(CHART_CRDS)/$$(basename $$f); done
 
 dashboards: ## regenerate charts/nightjar/dashboards/*.json from scripts/prometheus/dashboard.py
 	python3 scripts/prometheus/dashboard.py

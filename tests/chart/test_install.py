@@ -111,7 +111,8 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
         assert c["command"] == ["nightjar-operator"]
         exe = str(Path(sys.executable).parent / "nightjar-operator")
         log = tmp_path / "operator.log"
-        op_env = {**env, "KUBECONFIG": kubeconfig}
+        # Resync every 2 s so that reconciles keep happening while Prometheus watches (default 60 s).
+        op_env = {**env, "KUBECONFIG": kubeconfig, "NIGHTJAR_OPERATOR_RESYNC_SECONDS": "2"}
         op_env.pop("KUBERNETES_SERVICE_HOST", None)
         op = subprocess.Popen([exe, *c["args"]], env=op_env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                               start_new_session=True)
@@ -143,8 +144,11 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
                 "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"], "labels": {"namespace": namespace}}],
             }], sorted((CHART / "rules").glob("*.yaml")))
             try:
-                _wait(lambda: prom.query('sum(nightjar_operator_reconciles_total{result="ok"}) > 0')["result"], 40,
+                # Several scrapes spanning resync reconciles, so rates and quantiles have data.
+                _wait(lambda: prom.query('count_over_time(nightjar_operator_status_writes_total[1m]) >= 6')["result"], 60,
                       "Prometheus to scrape the operator")
+                _wait(lambda: prom.query('increase(nightjar_operator_reconciles_total{trigger="resync"}[1m]) > 0')["result"],
+                      30, "resync reconciles seen by Prometheus")
                 results = {title: has_data(prom.query(e)) for title, e in panel_queries()
                            if "nightjar_operator_" in e}
                 # No reconcile error happened (no 403 above all), so that panel is rightly empty.
