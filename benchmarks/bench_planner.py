@@ -72,21 +72,22 @@ def make_policy(spec: dict, profile: CostProfile, seed: int):
     return build_policy(cfg, profile)
 
 
+# Requests per load (quick, full). Saturated runs are cheap per request (big batches) and need a
+# long window after the cold start; low loads are the expensive ones (many small steps).
+SIZES = {"low": (300, 1000), "mid": (1200, 4000), "high": (2100, 7000), "saturated": (4500, 10000),
+         "dynamic": (900, 2500)}
+
+
 def load_trace(load: str, cap_rps: float, quick: bool) -> tuple[list[tuple[float, float]], float]:
     """(rate trace, warm-up seconds) for a load level; rates are fractions of capacity."""
-    f = {"low": 0.05, "mid": 0.3, "high": 0.7}
-    scale = 0.35 if quick else 1.0
+    f = {"low": 0.05, "mid": 0.3, "high": 0.7, "saturated": 1.5}
+    n = SIZES[load][0 if quick else 1]
     if load in f:
         rate = f[load] * cap_rps
-        n = {"low": 900, "mid": 4000, "high": 7000}[load] * scale
         dur = n / rate
-        return [(dur, rate)], 0.2 * dur
-    if load == "saturated":
-        rate = 1.5 * cap_rps
-        dur = 7000 * scale / rate
-        return [(dur, rate)], 0.3 * dur
+        return [(dur, rate)], (0.3 if load == "saturated" else 0.2) * dur
     lo, hi = 0.05 * cap_rps, 0.9 * cap_rps
-    phase = 2500 * scale / hi  # high phase carries ~2500 requests (full)
+    phase = n / hi  # the high phase carries n requests
     return dynamic_trace(lo, hi, phase), 0.5 * phase
 
 
@@ -100,6 +101,7 @@ def run_one(args: tuple[str, str, dict, list, float, int]) -> dict:
     return {
         "policy": name,
         "throughput": res.throughput_tok_s,
+        "delivered": res.delivered_tok_s,
         "latency": res.mean_token_latency_s,
         "tpot": res.mean_tpot_s,
         "steps": res.steps,
@@ -133,30 +135,38 @@ def capacity_rps(profile_path: str, quick: bool) -> float:
     return res.throughput_tok_s / wl.mean_output_tokens()
 
 
-def regret_study(profile: CostProfile, quick: bool, out: Path, tag: str) -> tuple[float, float, dict]:
-    """Average regret curves over seeds; returns (nightjar slope, median decide us, details)."""
-    n = 30_000 if quick else 200_000
-    seeds = 3 if quick else 5
+REGRET_POLICIES = {"nightjar": {}, "nightjar (paper)": {"paper_mode": True}, "ucb": {"policy": "ucb"}}
+
+
+def regret_one(args: tuple[str, str, int, int]) -> tuple[str, list[float], float, list[float]]:
+    """Regret curve of one policy on one seed (its own process); decide() timings for nightjar."""
+    profile_path, name, seed, n = args
+    profile = CostProfile.load(profile_path)
     wl = Workload().category_weights()
-    names = {"nightjar": {}, "nightjar (paper)": {"paper_mode": True}, "ucb": {"policy": "ucb"}}
+    cfg = PlannerConfig(max_gamma=K, max_batch=profile.max_batch, seed=seed, **REGRET_POLICIES[name])
+    env = RegretEnv(profile, wl, cfg.resolved_arms(), batch_contexts(n, seed, profile.max_batch), seed=seed)
+    lo, _ = env.run(OraclePolicy(cfg, profile, wl))
+    lp, d = env.run(build_policy(cfg, profile), time_decisions=(name == "nightjar"))
+    return name, cumulative_regret(lp, lo), sum(lo), d
+
+
+def regret_study(
+    profile_path: str, quick: bool, out: Path, tag: str, pool: ProcessPoolExecutor
+) -> tuple[float, float, dict]:
+    """Average regret curves over seeds; returns (nightjar slope, median decide us, details)."""
+    n = 40_000 if quick else 150_000
+    seeds = 3 if quick else 4
+    tasks = [(profile_path, name, seed, n) for name in REGRET_POLICIES for seed in range(seeds)]
     curves: dict[str, list[float]] = {}
+    totals: dict[str, float] = {}
     decide: list[float] = []
-    totals = {}
-    for name, extra in names.items():
-        acc = [0.0] * n
-        tot = 0.0
-        for seed in range(seeds):
-            cfg = PlannerConfig(max_gamma=K, max_batch=profile.max_batch, seed=seed, **extra)
-            env = RegretEnv(profile, wl, cfg.resolved_arms(), batch_contexts(n, seed, profile.max_batch), seed=seed)
-            lo, _ = env.run(OraclePolicy(cfg, profile, wl))
-            pol = build_policy(cfg, profile)
-            lp, d = env.run(pol, time_decisions=(name == "nightjar"))
-            decide.extend(d)
-            r = cumulative_regret(lp, lo)
-            acc = [a + b / seeds for a, b in zip(acc, r, strict=True)]
-            tot += sum(lo) / seeds
-        curves[name] = acc
-        totals[name] = acc[-1] / tot
+    for name, r, tot, d in pool.map(regret_one, tasks):
+        acc = curves.setdefault(name, [0.0] * n)
+        for i, v in enumerate(r):
+            acc[i] += v / seeds
+        totals[name] = totals.get(name, 0.0) + tot / seeds
+        decide.extend(d)
+    rel = {k: curves[k][-1] / totals[k] for k in curves}
     slopes = {k: loglog_slope(v) for k, v in curves.items()}
     idx = sorted({int(round(n ** (i / 60))) for i in range(10, 61)})
     series = {
@@ -168,7 +178,7 @@ def regret_study(profile: CostProfile, quick: bool, out: Path, tag: str) -> tupl
         xlabel="steps", ylabel="regret (s/token, summed)", logx=True, logy=True,
     )
     decide_us = statistics.median(decide) * 1e6
-    return slopes["nightjar"], decide_us, {"slopes": slopes, "relative_regret": totals, "steps": n, "seeds": seeds}
+    return slopes["nightjar"], decide_us, {"slopes": slopes, "relative_regret": rel, "steps": n, "seeds": seeds}
 
 
 def overhead(profile: CostProfile) -> list[list]:
@@ -223,7 +233,8 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
         f"Planner vs baselines ({tag}): throughput tok/s (x oracle) / mean per-token latency ms (x oracle)",
         headers, rows, out / f"table-{tag}.md",
         notes=f"Loads: low/mid/high = 5/30/70 % of the oracle's capacity ({cap:.1f} req/s), saturated = 150 %, "
-        "dynamic = 5 % -> 90 % -> 5 %. Throughput: tokens emitted between the warm-up and the last arrival / that time. "
+        "dynamic = 5 % -> 90 % -> 5 %. Throughput: tokens emitted between the warm-up and the last arrival / that time, capped at the "
+        "offered rate (below saturation every policy that keeps up delivers exactly the offered load). "
         "Latency = (finish - arrival) / output tokens, queueing included.",
     )
     if abl:
@@ -239,7 +250,7 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
     best_static = min(nj[ld]["throughput"] / max(results[ld][s]["throughput"] for s in statics) for ld in LOADS)
     lat_oracle = max(nj[ld]["latency"] / results[ld]["oracle"]["latency"] for ld in LOADS)
     lat_static = max(nj[ld]["latency"] / min(results[ld][s]["latency"] for s in statics) for ld in LOADS)
-    slope, decide_us, rdet = regret_study(profile, quick, out, tag)
+    slope, decide_us, rdet = regret_study(profile_path, quick, out, tag, pool)
     ov = overhead(profile)
     print_table(f"Decision overhead ({tag}), microseconds", ["policy", "decide p50", "decide p99", "observe p50"], ov,
                 out / f"overhead-{tag}.md")

@@ -49,7 +49,8 @@ from nightjar_worker.planner.policy import StepFeedback
 _DEFAULT_CV = 0.3  # relative noise assumed before a bucket has its own estimate
 _ESTABLISHED = 32.0
 _MIN_ELIMINATE = 4.0
-_LAG_DECAY = 1.0 - 1.0 / 256  # an arm is never ruled out on fewer (effective) observations  # effective observations before a bucket's best arm constrains its neighbours
+_LAG_DECAY = 1.0 - 1.0 / 256
+_MIN_REGRESSION = 20  # prefill-slope samples before a draft-on/off specific slope is trusted  # an arm is never ruled out on fewer (effective) observations  # effective observations before a bucket's best arm constrains its neighbours
 
 
 @dataclass
@@ -81,6 +82,7 @@ class NightjarPolicy:
         # observation enters with weight w, then w /= discount), so discounting is O(1).
         self._w = [1.0] * nb
         self._t = [0] * nb  # observations per bucket
+        self._raw = [[0] * na for _ in range(nb)]  # undiscounted observations per bucket and arm
         self._n = [[0.0] * na for _ in range(nb)]
         self._s = [[0.0] * na for _ in range(nb)]
         self._ss = [[0.0] * na for _ in range(nb)]
@@ -95,6 +97,7 @@ class NightjarPolicy:
         self._sxy = [0.0, 0.0]
         self._sxx = [0.0, 0.0]
         self._betas = [0.0, 0.0]
+        self._nreg = [0, 0]  # regression samples per state
         self._bmean = [float(e) for e in self._edges]  # moving mean batch size per bucket
         self._pn = [[0.0] * na for _ in range(nb)]  # priors (same scaling)
         self._ps = [[0.0] * na for _ in range(nb)]
@@ -227,6 +230,7 @@ class NightjarPolicy:
             else:
                 x, y = p - mp, t - self._mt[c][i]
                 k = 1 if fb.gamma > 0 else 0
+                self._nreg[k] += 1
                 self._sxy[k] = 0.9995 * self._sxy[k] + x * y
                 self._sxx[k] = 0.9995 * self._sxx[k] + x * x
                 if self._sxx[k] > 0:
@@ -237,6 +241,7 @@ class NightjarPolicy:
             loss = max(t - self._beta_for(fb.gamma) * p, 0.05 * t) * scale
         else:
             loss = t * scale
+        self._raw[c][i] += 1
         self._n[c][i] += w
         self._s[c][i] += w * t * scale
         self._ss[c][i] += w * loss * loss
@@ -278,14 +283,15 @@ class NightjarPolicy:
 
     def _beta_for(self, gamma: int) -> float:
         """Learnt prefill seconds per prompt token with the draft off (gamma 0) or on."""
-        b_off, b_on = self._betas
-        if gamma > 0:
-            return b_on if self._sxx[1] > 0 else b_off
-        return b_off if self._sxx[0] > 0 else b_on
+        k = 1 if gamma > 0 else 0
+        if self._nreg[k] >= _MIN_REGRESSION:
+            return self._betas[k]
+        sxx = self._sxx[0] + self._sxx[1]  # too few of this state's own samples: pooled slope
+        return max(0.0, (self._sxy[0] + self._sxy[1]) / sxx) if sxx > 0 else 0.0
 
     @property
     def _beta(self) -> float:
-        return max(self._betas)
+        return max(self._beta_for(0), self._beta_for(1))
 
     def _corrected(self, c: int) -> list[float]:
         """Loss sums of bucket c with the learnt prefill cost taken out."""
@@ -479,7 +485,7 @@ class NightjarPolicy:
         then the most promising by its optimistic bound (lowest lower confidence bound)."""
         others = [i for i in pool if i != best] or pool
         inv = 1.0 / self._w[c]
-        untried = [i for i in others if (self._n[c][i] + self._pn[c][i]) * inv < 1.0]
+        untried = [i for i in others if self._raw[c][i] == 0 and self._pn[c][i] * inv < 1.0]
         if untried:
             return untried[0] if len(untried) == 1 else self._rng.choice(untried)
         z = self.config.confidence_z
