@@ -44,6 +44,8 @@ from nightjar_operator.handlers.k8s import Api
 from nightjar_operator.reconcile.status import get_condition, now_iso, set_condition
 
 log = logging.getLogger("nightjar.operator.fleet")
+# One INFO line per scrape per pod is noise at a 15 s interval times N pods.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 TRACK_CANDIDATE = "candidate"
 
