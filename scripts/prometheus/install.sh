@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install Prometheus + promtool from Debian (package `prometheus`), idempotently.
 # The package's postinst would start a system service; tests start their own server on loopback
-# with a generated config (scripts/prometheus/run.sh), so the service is stopped/disabled if any.
+# with a generated config (tests/observability/promutil.py, scripts/prometheus/run.sh), so no service is started.
 set -euo pipefail
 
 if command -v prometheus >/dev/null && command -v promtool >/dev/null; then
