@@ -26,6 +26,11 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: 
     cfg.configure(settings, memo, logger)
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo:
+    return cfg.login(**kwargs)
+
+
 @kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL, backoff=2)
 @kopf.on.create(c.GROUP, c.VERSION, c.PLURAL, backoff=2)
 @kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, backoff=2)

@@ -49,6 +49,7 @@ def test_schema_is_structural():
     for path, node in _walk(root):
         assert "$ref" not in node and "title" not in node, path
         assert "x-kubernetes-validations" not in node, f"{path}: no CEL on Kubernetes 1.20"
+        assert node.get("default", None) != "", f"{path}: 1.20 rejects empty-string defaults"
         if "properties" in node:
             assert node["type"] == "object" and "additionalProperties" not in node, path
         typed = "type" in node or node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")

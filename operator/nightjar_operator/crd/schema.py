@@ -79,7 +79,9 @@ def structural(node: dict[str, Any], defs: dict[str, Any], path: str = "") -> di
         if key in _DROP:
             continue
         if key == "default":
-            if value is not None:
+            # Kubernetes 1.20 validates a "" default as null and rejects the CRD; pydantic still
+            # applies such defaults in the operator.
+            if value is not None and value != "":
                 out["default"] = value
         elif key == "const":
             out["enum"] = [value]

@@ -51,7 +51,7 @@ class Api:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
-        m, url, hdrs, data = self.client.param_serialize(
+        m, url, hdrs, data, post = self.client.param_serialize(
             method=method,
             resource_path=path,
             query_params=list((query or {}).items()),
@@ -59,7 +59,7 @@ class Api:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.client.call_api(m, url, hdrs, data, _request_timeout=self.timeout_s)
+        resp = self.client.call_api(m, url, hdrs, data, post, _request_timeout=self.timeout_s)
         raw = resp.read()
         if not 200 <= resp.status < 300:
             raise ApiException(status=resp.status, reason=resp.reason, body=raw.decode("utf-8", "replace"))

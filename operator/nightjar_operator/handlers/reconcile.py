@@ -157,7 +157,7 @@ def write_status(api: Api, body: dict[str, Any], observed: Observed) -> dict[str
     """Compute the status against the freshest CR and patch it only if something changed."""
     meta = body["metadata"]
     m = metrics()
-    for attempt in range(3):
+    for attempt in range(5):
         fresh = api.get(c.KIND, meta["namespace"], meta["name"])
         if fresh is None or fresh["metadata"]["uid"] != meta["uid"]:
             return None
@@ -173,7 +173,7 @@ def write_status(api: Api, body: dict[str, Any], observed: Observed) -> dict[str
         try:
             api.patch_status(meta["namespace"], meta["name"], patch, fresh["metadata"]["resourceVersion"])
         except ApiException as e:
-            if e.status == 409 and attempt < 2:
+            if e.status == 409 and attempt < 4:
                 continue
             raise
         m.status_writes.inc()
@@ -195,11 +195,27 @@ def _publish(meta: dict[str, Any], status: dict[str, Any], desired_replicas: int
     m.replicas.labels(meta["namespace"], meta["name"], "desired").set(desired_replicas)
 
 
-def on_child_event(api: Api, child: dict[str, Any]) -> None:
-    """A child Deployment changed (status, scale, an edit): reconcile its owner."""
+def on_child_event(api: Api, child: dict[str, Any], attempts: int = 5) -> None:
+    """A child Deployment changed (status, scale, an edit): reconcile its owner.
+
+    kopf never retries event handlers, and the last event of a rollout is the one that makes the
+    owner Ready: a lost race (409 with another writer of the status) is retried here, re-reading
+    the owner each time.
+    """
     cmeta = child.get("metadata") or {}
     for ref in cmeta.get("ownerReferences") or []:
         if ref.get("kind") == c.KIND and ref.get("controller"):
-            owner = api.get(c.KIND, cmeta["namespace"], ref["name"])
-            if owner is not None and owner["metadata"]["uid"] == ref.get("uid"):
-                reconcile(api, owner, trigger="child")
+            for attempt in range(attempts):
+                owner = api.get(c.KIND, cmeta["namespace"], ref["name"])
+                if owner is None or owner["metadata"]["uid"] != ref.get("uid"):
+                    return
+                try:
+                    reconcile(api, owner, trigger="child")
+                    return
+                except kopf.TemporaryError:
+                    pass
+                except ApiException as e:
+                    if e.status != 409:
+                        raise
+                time.sleep(0.2 * (attempt + 1))
+            log.warning("child event for %s/%s: gave up after %d conflicts", cmeta["namespace"], ref["name"], attempts)

@@ -15,6 +15,30 @@ from nightjar_operator.handlers.k8s import Api, make_api_client
 ENV_METRICS_PORT = "NIGHTJAR_OPERATOR_METRICS_PORT"
 
 
+def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """Credentials for kopf from the same source as our client (in-cluster, else ``$KUBECONFIG`` read now).
+
+    kopf's default ``login_via_client`` loads the kubeconfig the kubernetes package located at its
+    import time; reading the path at login keeps the operator and its own API client on one identity.
+    """
+    cfg = make_api_client().configuration
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        trust_env=settings.networking.trust_env,
+    )
+
+
 def configure(settings: kopf.OperatorSettings, memo: Any, logger: logging.Logger) -> None:
     # Progress and the diff base live in annotations under our group, not in status.kopf: the
     # structural schema would prune an unknown status field, and status belongs to the reconcile.

@@ -35,6 +35,9 @@ def set_condition(
 ) -> list[dict[str, Any]]:
     """Return a new list with ``ctype`` set; its transition time is kept unless ``status`` changes."""
     old = get_condition(conditions, ctype)
+    # Never an empty message: the 1.20 apiserver built here decodes "" in a status patch as null and
+    # rejects it against the string schema.
+    message = message or reason
     new = {
         "type": ctype,
         "status": status,
@@ -85,16 +88,16 @@ def compute_status(body: dict[str, Any], observed: Observed, now: str | None = N
     done = synced and replicas == dep_want and updated == dep_want and ready == dep_want
 
     # Degraded: what the Deployment controller reports as stuck, or a name clash.
-    degraded = ("False", "AsExpected", "")
+    degraded = ("False", "AsExpected", "no failure reported")
     if observed.conflicts:
         degraded = ("True", "ChildConflict", "; ".join(observed.conflicts))
     elif dep is not None:
         prog = _deployment_condition(dep, "Progressing")
         fail = _deployment_condition(dep, "ReplicaFailure")
         if prog and prog.get("status") == "False" and prog.get("reason") == "ProgressDeadlineExceeded":
-            degraded = ("True", "ProgressDeadlineExceeded", prog.get("message", ""))
+            degraded = ("True", "ProgressDeadlineExceeded", prog.get("message") or "progress deadline exceeded")
         elif fail and fail.get("status") == "True":
-            degraded = ("True", "ReplicaFailure", fail.get("message", ""))
+            degraded = ("True", "ReplicaFailure", fail.get("message") or "replica failure")
 
     if observed.invalid:
         msg = "; ".join(observed.invalid)
