@@ -89,7 +89,10 @@ def test_bad_candidate_is_rolled_back_and_not_retried():
 
 def test_throughput_regression_rolls_back():
     s = start()
+    # Below saturation the per-pod throughput is the offered load: not a verdict on the candidate.
     p = plan(s, rev("b"), 4, STEPS, W, 62.0, Analysis(0.99, 0.99, 70.0, 100.0, 50, 150), GATE)
+    assert p.state.phase == "Progressing" and p.state.step == 1
+    p = plan(s, rev("b"), 4, STEPS, W, 62.0, Analysis(0.99, 0.99, 70.0, 100.0, 50, 150, True, True), GATE)
     assert p.state.phase == "RolledBack" and "throughput" in p.state.last_decision.reason
 
 

@@ -94,6 +94,10 @@ class Analysis:
     stable_throughput_per_pod: float | None
     candidate_requests: float
     stable_requests: float = 0.0
+    # Throughput per pod says something about a revision only when its pods are saturated (requests
+    # waiting); below saturation it is just the offered load, the same for both behind one Service.
+    candidate_saturated: bool = False
+    stable_saturated: bool = False
 
 
 @dataclass
@@ -140,7 +144,9 @@ def judge(a: Analysis, gate: Gate) -> tuple[bool | None, str]:
         else:
             reasons.append(f"candidate SLO attainment {a.candidate_attainment:.3f} (stable {stable_s})")
     ct, st = a.candidate_throughput_per_pod, a.stable_throughput_per_pod
-    if ct is not None and st is not None and st > 0 and a.stable_requests >= gate.min_requests:
+    if not (a.candidate_saturated and a.stable_saturated):
+        pass  # throughput is the offered load here: not compared
+    elif ct is not None and st is not None and st > 0 and a.stable_requests >= gate.min_requests:
         ratio = ct / st
         if ratio < 1 - gate.throughput_tolerance:
             ok = False

@@ -235,6 +235,8 @@ def _analysis(state: RolloutState, current: dict[str, PodMetrics], tracks: dict[
         stable_throughput_per_pod=per_pod(stab.throughput_tok_s, stab.pods),
         candidate_requests=cand.requests,
         stable_requests=stab.requests,
+        candidate_saturated=cand.waiting > 0,
+        stable_saturated=stab.waiting > 0,
     )
 
 
