@@ -10,7 +10,7 @@ Each iteration is one engine step, driven through the same contract as the real 
     decode from the next step on;
   * the decoding requests each need KV blocks for ``context + gamma + 1`` tokens; when the pool runs
     out, the most recently admitted request is preempted (blocks freed, recomputed on re-admission,
-    vLLM's default);
+    vLLM's default); the step's feedback then reports the smaller batch that actually ran;
   * step time is ``T(batch, gamma)`` from the profile with small multiplicative noise, plus the
     incremental cost of the merged prefill tokens;
   * each request accepts a geometric number of drafts (draft i accepted with probability alpha of its

@@ -1,0 +1,209 @@
+"""Nightjar's bandit: range, convergence, switching cost, priors, SLO, determinism, snapshot."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nightjar_worker.planner import PlannerConfig, PlannerPriors, PriorEntry, build_policy
+from nightjar_worker.planner.nightjar import NightjarPolicy
+from nightjar_worker.planner.policy import GammaPolicy, StepFeedback
+from planner_env import feedback, run_env
+
+# Stationary environment at batch 4: gamma 3 is best by >= 10 %.
+LOSS_B4 = {0: 1.0e-3, 1: 0.8e-3, 2: 0.7e-3, 3: 0.6e-3, 4: 0.66e-3}
+
+
+def test_protocol():
+    assert isinstance(build_policy(PlannerConfig()), GammaPolicy)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    k=st.integers(0, 6),
+    seed=st.integers(0, 10_000),
+    paper=st.booleans(),
+    steps=st.lists(st.tuples(st.integers(0, 600), st.floats(1e-5, 1.0), st.integers(0, 300)),
+                   min_size=1, max_size=120),
+)
+def test_arm_always_in_range(k, seed, paper, steps):
+    pol = build_policy(PlannerConfig(max_gamma=k, seed=seed, paper_mode=paper))
+    for batch, t, prefill in steps:
+        g = pol.decide(batch)
+        assert g in pol.arms and 0 <= g <= k
+        pol.observe(StepFeedback(batch_size=batch, gamma=g, step_time_s=t, tokens_emitted=max(batch, 1),
+                                 num_draft_tokens=batch * g, num_accepted_tokens=0,
+                                 switch_cost_s=t if g else 0.0, prefill_tokens=prefill))
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), best=st.integers(0, 4))
+def test_converges_to_best_arm(seed, best):
+    losses = {g: 1.0e-3 * (1.0 + 0.15 * abs(g - best)) for g in range(5)}
+    pol = build_policy(PlannerConfig(seed=seed))
+    chosen = run_env(pol, {4: losses}, [4] * 3000, seed=seed)
+    tail = chosen[-1000:]
+    assert tail.count(best) / len(tail) >= 0.9
+
+
+def test_paper_mode_also_converges():
+    pol = build_policy(PlannerConfig(seed=3, paper_mode=True))
+    chosen = run_env(pol, {4: LOSS_B4}, [4] * 4000, seed=3)
+    assert chosen[-1000:].count(3) >= 800
+
+
+def _alternating_env():
+    # batch 4 prefers gamma 3 a little, batch 200 prefers gamma 0 a little: flipping every few
+    # steps would pay C_switch each time.
+    losses = {4: {0: 1.0e-3, 1: 0.97e-3, 2: 0.95e-3, 3: 0.93e-3, 4: 0.95e-3},
+              200: {0: 1.0e-4, 1: 1.05e-4, 2: 1.1e-4, 3: 1.15e-4, 4: 1.2e-4}}
+    batches = ([4] * 5 + [200] * 5) * 400
+    return losses, batches
+
+
+def _flips(chosen):
+    return sum(1 for a, b in zip(chosen, chosen[1:], strict=False) if (a > 0) != (b > 0))
+
+
+def test_huge_switch_cost_stops_oscillation():
+    losses, batches = _alternating_env()
+    cheap = run_env(build_policy(PlannerConfig(seed=1, switch_cost_s=0.0)), losses, batches, seed=1)
+    costly = run_env(build_policy(PlannerConfig(seed=1, switch_cost_s=100.0)), losses, batches,
+                     seed=1, switch_cost_s=100.0)
+    half = len(batches) // 2
+    assert _flips(cheap[half:]) > 100  # control: without switching cost it follows each bucket
+    assert _flips(costly[half:]) <= 2
+
+
+def test_measured_switch_cost_is_learnt():
+    # No override: the planner learns C_switch from StepFeedback.switch_cost_s and stops flipping.
+    losses, batches = _alternating_env()
+    chosen = run_env(build_policy(PlannerConfig(seed=2)), losses, batches, seed=2, switch_cost_s=5.0)
+    assert _flips(chosen[len(batches) // 2:]) <= 4
+
+
+def _priors(best: int, count: float) -> PlannerPriors:
+    edges = PlannerConfig().bucket_edges
+    return PlannerPriors(bucket_edges=edges, entries=[
+        PriorEntry(bucket_lo=e, gamma=g, mean_loss_s=1e-3 * (1.0 + 0.3 * abs(g - best)), count=count)
+        for e in edges for g in range(5)
+    ])
+
+
+def test_priors_shift_early_choices():
+    flat = {g: 1.0e-3 for g in range(5)}
+    cold = run_env(build_policy(PlannerConfig(seed=5)), {8: flat}, [8] * 60, seed=5)
+    pol = build_policy(PlannerConfig(seed=5))
+    pol.set_priors(_priors(best=2, count=50))
+    warm = run_env(pol, {8: flat}, [8] * 60, seed=5)
+    assert warm.count(2) >= 50
+    assert cold.count(2) < 50
+
+
+def test_priors_at_run_time_replace_old_ones():
+    pol = build_policy(PlannerConfig(seed=5))
+    pol.set_priors(_priors(best=1, count=1e6))
+    pol.set_priors(_priors(best=4, count=1e6))
+    flat = {g: 1.0e-3 for g in range(5)}
+    assert run_env(pol, {8: flat}, [8] * 40, seed=1).count(4) >= 35
+
+
+def test_slo_constraint_prefers_feasible_arm():
+    # gamma 0 has the lowest per-token loss, but its TPOT (loss * batch) misses the SLO; gamma 3
+    # meets it.
+    losses = {g: 1.0e-3 * (1.0 + 0.1 * g) for g in range(5)}
+    tpot = {g: losses[g] * 16 / (1 + g / 2) for g in range(5)}
+    slo = (tpot[3] + tpot[2]) / 2
+    pol = build_policy(PlannerConfig(seed=0))
+    pol.set_slo(slo)
+    rng = random.Random(0)
+    chosen = []
+    for _ in range(3000):
+        g = pol.decide(16)
+        # per-request TPOT = step time / (tokens per request); feedback built so that it equals tpot[g]
+        tokens = int(16 * (1 + g / 2))
+        pol.observe(StepFeedback(batch_size=16, gamma=g, step_time_s=losses[g] * 16 * (1 + 0.02 * rng.gauss(0, 1)),
+                                 tokens_emitted=tokens, num_draft_tokens=16 * g))
+        chosen.append(g)
+    tail = chosen[-1000:]
+    assert sum(1 for g in tail if tpot[g] <= slo) >= 900
+    pol.set_slo(None)
+    chosen = [pol.decide(16) for _ in range(1)]
+    assert chosen[0] in pol.arms
+
+
+def test_set_slo_rejects_nonpositive():
+    pol = build_policy(PlannerConfig())
+    try:
+        pol.set_slo(0.0)
+    except ValueError as e:
+        assert "slo_tpot_s" in str(e)
+    else:
+        raise AssertionError("expected ValueError")
+
+
+def test_deterministic_under_seed():
+    rng = random.Random(9)
+    batches = [rng.choice([1, 3, 7, 20, 70, 200]) for _ in range(3000)]
+    losses = {b: {g: 1e-3 / b * (1 + 0.1 * ((g * b) % 5)) for g in range(5)} for b in set(batches)}
+    a = run_env(build_policy(PlannerConfig(seed=42)), losses, batches, seed=1)
+    b = run_env(build_policy(PlannerConfig(seed=42)), losses, batches, seed=1)
+    c = run_env(build_policy(PlannerConfig(seed=43)), losses, batches, seed=1)
+    assert a == b
+    assert a != c
+
+
+def test_snapshot_is_valid_priors_and_feeds_back():
+    pol = build_policy(PlannerConfig(seed=0))
+    run_env(pol, {4: LOSS_B4}, [4] * 500)
+    snap = pol.snapshot()
+    assert isinstance(snap, PlannerPriors)
+    entries = {(e.bucket_lo, e.gamma): e for e in snap.entries}
+    assert (4, 3) in entries and entries[(4, 3)].count > 1
+    best = min((e for e in snap.entries if e.bucket_lo == 4), key=lambda e: e.mean_loss_s)
+    assert best.gamma in (2, 3, 4)
+    fresh = build_policy(PlannerConfig(seed=1))
+    fresh.set_priors(snap)
+    warm_choices = run_env(fresh, {4: LOSS_B4}, [4] * 40, seed=4)
+    assert warm_choices.count(best.gamma) >= 30
+
+
+def test_apply_config_rejects_arm_change_and_updates_knobs():
+    pol = NightjarPolicy(PlannerConfig())
+    pol.apply_config(PlannerConfig(explore_scale=0.5, slo_tpot_s=0.05))
+    assert pol._slo == 0.05
+    try:
+        pol.apply_config(PlannerConfig(max_gamma=2))
+    except ValueError as e:
+        assert "arms" in str(e)
+    else:
+        raise AssertionError("expected ValueError")
+
+
+def test_prefill_cost_is_separated():
+    # Every step also prefills a random number of prompt tokens at 1 ms each; gamma 3 is truly best
+    # for decoding, gamma 4 only looks best if the prefill time is amortised over more tokens.
+    decode = {0: 1.0e-3, 1: 0.8e-3, 2: 0.7e-3, 3: 0.6e-3, 4: 0.62e-3}
+    rng = random.Random(1)
+
+    def run(correct: bool) -> list[int]:
+        pol = build_policy(PlannerConfig(seed=1, prefill_correction=correct))
+        out = []
+        for _ in range(4000):
+            g = pol.decide(4)
+            tokens = int(4 * (1 + g / 2))
+            p = rng.choice([0, 0, 20, 60, 200])
+            pol.observe(StepFeedback(batch_size=4, gamma=g, step_time_s=decode[g] * tokens + 1e-3 * p,
+                                     tokens_emitted=tokens, prefill_tokens=p))
+            out.append(g)
+        return out[-1000:]
+
+    assert run(True).count(3) >= 800
+    assert run(False).count(3) < run(True).count(3)
+
+
+def test_observe_ignores_unknown_arm():
+    pol = build_policy(PlannerConfig(arms=[0, 2]))
+    pol.observe(feedback(4, 3, 1e-3, random.Random(0)))
+    assert pol.decide(4) in (0, 2)
