@@ -46,10 +46,11 @@ class PackedInfo:
         return n * torch.empty(0, dtype=self.dtype).element_size()
 
     def load(self) -> torch.Tensor:
+        from .weight_mover import _pread_into
+
         assert self.path is not None
-        m = torch.from_file(self.path, shared=False, size=self.offset + self.nbytes, dtype=torch.uint8)
         t = torch.empty(self.shape, dtype=self.dtype)
-        t.view(-1).view(torch.uint8).copy_(m[self.offset : self.offset + self.nbytes])
+        _pread_into(self.path, self.offset, t.view(-1).view(torch.uint8))  # no mapping: no RSS spike
         return t
 
 

@@ -110,6 +110,7 @@ class ElasticMemoryManager:
         self._mode = config.mode
         self._trace = open(config.trace_file, "a", buffering=1) if config.trace_file else None  # noqa: SIM115
         self._last_step_t: float | None = None
+        self._write_trace({"event": "init", **self.stats()})
         if self.metrics is not None:
             self.metrics.draft_state_changed(None, DraftState.RESIDENT.label)
             self.metrics.set_kv_blocks(self.pool.allowed_blocks(), 0)

@@ -60,9 +60,30 @@ class MoveTask:
         return self.done
 
 
+def _pwrite(path: str, offset: int, src: torch.Tensor) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(memoryview(src.numpy()))
+
+
+def _pread_into(path: str, offset: int, dst: torch.Tensor) -> None:
+    view = memoryview(dst.numpy())
+    with open(path, "rb") as f:
+        f.seek(offset)
+        got = 0
+        while got < len(view):
+            n = f.readinto(view[got:])
+            if not n:
+                raise OSError(f"draft host store {path}: short read at {offset + got}")
+            got += n
+
+
 class HostStore:
-    """Where offloaded bytes live. ``map()`` gives a flat uint8 tensor of ``nbytes``; ``unmap()``
-    drops it from the process (a no-op for pinned memory, which is host RAM outside the budget)."""
+    """Where offloaded bytes live: ``write``/``read_into`` move a flat uint8 tensor at an offset.
+
+    Pinned/memory: a host buffer, ``copy_(non_blocking=True)`` (asynchronous from a CUDA side stream).
+    File (CPU): plain ``write``/``readinto`` system calls, never a mapping, so the bytes never count in
+    the worker's resident set (they sit in the page cache / on disk)."""
 
     def __init__(self, nbytes: int, device: torch.device, kind: str = "auto", directory: str | None = None) -> None:
         if kind == "auto":
@@ -81,12 +102,19 @@ class HostStore:
         else:
             self._buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
 
-    def map(self, for_write: bool) -> torch.Tensor:
+    def write(self, offset: int, src: torch.Tensor) -> None:
         if self._buf is not None:
-            return self._buf
-        assert self._path is not None
-        # shared=True writes through to the file; a private mapping for reading faults pages in lazily.
-        return torch.from_file(self._path, shared=for_write, size=self.nbytes, dtype=torch.uint8)
+            self._buf[offset : offset + src.numel()].copy_(src, non_blocking=True)
+        else:
+            assert self._path is not None
+            _pwrite(self._path, offset, src)
+
+    def read_into(self, offset: int, dst: torch.Tensor) -> None:
+        if self._buf is not None:
+            dst.copy_(self._buf[offset : offset + dst.numel()], non_blocking=True)
+        else:
+            assert self._path is not None
+            _pread_into(self._path, offset, dst)
 
     def close(self) -> None:
         self._buf = None
@@ -159,26 +187,22 @@ class DraftWeightMover:
             self._stream.synchronize()
 
     def _copy_to_host(self) -> int:
-        host = self._store.map(for_write=True)
         with self._stream_ctx():
             for (off, _, _), (_, p) in zip(self.meta, self.params, strict=True):
-                n = p.numel() * p.element_size()
-                host[off : off + n].copy_(p.data.contiguous().view(-1).view(torch.uint8), non_blocking=True)
+                if p.numel():
+                    self._store.write(off, p.data.contiguous().view(-1).view(torch.uint8))
         self._sync()
-        del host  # unmap (file store): the bytes now live outside the process
         return self.param_bytes
 
     def _copy_to_device(self) -> list[torch.Tensor]:
-        host = self._store.map(for_write=False)
         out: list[torch.Tensor] = []
         with self._stream_ctx():
             for off, shape, dtype in self.meta:
                 t = torch.empty(shape, dtype=dtype, device=self.device)
-                n = t.numel() * t.element_size()
-                t.view(-1).view(torch.uint8).copy_(host[off : off + n], non_blocking=True)
+                if t.numel():
+                    self._store.read_into(off, t.view(-1).view(torch.uint8))
                 out.append(t)
         self._sync()
-        del host
         return out
 
     @staticmethod
@@ -202,6 +226,8 @@ class DraftWeightMover:
     # -- async API ------------------------------------------------------------------------------------
     def _run(self, task: MoveTask, body: Callable[[], int]) -> MoveTask:
         def target() -> None:
+            # No lowered OS priority on purpose: this thread takes the GIL between copies, and a
+            # starved low-priority GIL holder stalls the decoding thread (priority inversion, measured).
             try:
                 task.bytes_moved = body()
             except Exception as e:  # noqa: BLE001 - any failure is reported, never raised into the worker loop

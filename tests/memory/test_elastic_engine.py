@@ -1,0 +1,174 @@
+"""Elastic draft memory against a real vLLM engine on the bundled pair (marker ``engine``).
+
+One engine (EngineCore and worker in their own processes, as in serving), pinned through the
+control file: resident -> offloaded (more KV blocks really used, greedy output unchanged) ->
+resident with two injected reload failures (NIGHTJAR_FAULT_RELOAD=2: the worker keeps serving in
+AR mode, counts the failures, retries with back-off, loses no request) -> speculation again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
+
+BASE = 12  # blocks of 32 tokens (null block included): the draft's bytes more than double the pool
+K = 3
+MAX_TOKENS = 24
+
+
+def _trace(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _transitions(path: Path) -> list[tuple[str, str, str]]:
+    return [(e["from"], e["to"], e["reason"]) for e in _trace(path) if e.get("event") == "transition"]
+
+
+@pytest.fixture(scope="module")
+def elastic(tmp_path_factory):
+    from nightjar_worker.models import bundled_pair
+
+    target, draft = bundled_pair()
+    if not (target / "config.json").is_file() or not (draft / "config.json").is_file():
+        pytest.skip("bundled models missing: run `make models`")
+    tmp = tmp_path_factory.mktemp("elastic")
+    prom = tmp / "prom"
+    prom.mkdir()
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "NIGHTJAR_FORCE_GAMMA": str(K),
+        "NIGHTJAR_CONFIG_POLL_S": "0",
+        "NIGHTJAR_FAULT_RELOAD": "2",
+        "PROMETHEUS_MULTIPROC_DIR": str(prom),
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    from nightjar_worker.engine.engine_args import engine_kwargs
+    from vllm import EngineArgs, LLMEngine
+
+    ctl, trace = tmp / "control", tmp / "trace.jsonl"
+    ctl.write_text("resident")
+    mem = {
+        "enabled": True, "base_blocks": BASE, "control_file": str(ctl), "trace_file": str(trace),
+        "offload_dir": str(tmp), "backoff": {"base_s": 0.2, "factor": 2.0, "max_s": 1.0},
+    }
+    total = BASE + 400
+    kw = engine_kwargs(target, draft, k=K, block_size=32, num_gpu_blocks_override=total,
+                       kv_cache_memory_bytes=total * 1024 * 1024, max_num_seqs=64, max_model_len=512,
+                       enable_prefix_caching=False, additional_config={"nightjar_memory": mem})
+    engine = LLMEngine.from_engine_args(EngineArgs(**kw))
+    try:
+        yield engine, ctl, trace, prom
+    finally:
+        del engine
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+PROMPTS = [f"Tell me a short story about a {w} and a {v}." for w in ("cat", "dog", "owl", "fox")
+           for v in ("river", "castle", "train", "garden")]
+
+
+def generate(engine, tag: str, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> dict[str, list[int]]:
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", p, sp)
+    out: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                out[o.request_id] = list(o.outputs[0].token_ids)
+    return {p: out[f"{tag}-{i}"] for i, p in enumerate(prompts)}
+
+
+def drive_until(engine, trace: Path, state: str, timeout_s: float = 600.0) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    t0, i, outs = time.time(), 0, []
+    while time.time() - t0 < timeout_s:
+        tr = _transitions(trace)
+        if tr and tr[-1][1] == state:
+            return outs
+        if not engine.has_unfinished_requests():
+            engine.add_request(f"drive-{state}-{i}", "Once upon a time", sp)
+            i += 1
+        for o in engine.step():
+            if o.finished:
+                outs.append(list(o.outputs[0].token_ids))
+        time.sleep(0.01)
+    raise AssertionError(f"draft never reached {state}: {_transitions(trace)}")
+
+
+def metric(prom: Path, name: str) -> float:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    reg = CollectorRegistry()
+    MultiProcessCollector(reg, path=str(prom))
+    total = 0.0
+    for fam in reg.collect():
+        for s in fam.samples:
+            if s.name == name:
+                total += s.value
+    return total
+
+
+def test_offload_reload_with_faults_keeps_serving(elastic):
+    engine, ctl, trace, prom = elastic
+    init = next(e for e in _trace(trace) if e.get("event") == "init")
+    assert init["base_blocks"] == BASE and init["extra_blocks"] >= 2 * BASE, init
+    assert init["extra_blocks"] == init["draft_bytes"] // init["block_bytes"]
+
+    ref = generate(engine, "res")  # speculative (gamma K) with the draft resident
+    steps = [e for e in _trace(trace) if "step" in e]
+    assert max(e["allowed"] for e in steps) == BASE - 1
+    assert any(e["gamma"] == K for e in steps)
+    t_res = time.time()
+    max_run_resident = max(e["running"] for e in steps)
+
+    # --- offload: the draft's bytes become KV blocks the scheduler uses; output unchanged
+    ctl.write_text("offloaded")
+    drive_until(engine, trace, "offloaded")
+    t_off = time.time()
+    out = generate(engine, "off")
+    assert out == ref
+    off_steps = [e for e in _trace(trace) if "step" in e and e["t"] >= t_off]
+    assert all(e["gamma"] == 0 for e in off_steps)
+    assert max(e["allowed"] for e in off_steps) == BASE - 1 + init["extra_blocks"]
+    assert max(e["used"] for e in off_steps) > BASE - 1  # extra blocks really handed out
+    assert max(e["running"] for e in off_steps) > max_run_resident
+    assert t_off > t_res
+
+    # --- reload with two injected failures: AR service continues, back-off, then success
+    ctl.write_text("resident")
+    t_rel = time.time()
+    out = generate(engine, "rel")  # requests running across the failed reloads
+    assert out == ref
+    drive_until(engine, trace, "resident")
+    tr = [t for t in _transitions(trace)]
+    failed = [t for t in tr if t[0] == "reloading" and t[1] == "offloaded"]
+    assert len(failed) == 2 and all("injected reload failure" in t[2] for t in failed), tr
+    assert tr[-1][:2] == ("reloading", "resident")
+    assert metric(prom, "nightjar_draft_reload_failures_total") == 2
+    assert metric(prom, "nightjar_draft_transitions_total") >= 8
+    rel_steps = [e for e in _trace(trace) if "step" in e and e["t"] >= t_rel]
+    assert all(e["gamma"] == 0 for e in rel_steps if e["state"] != "resident")
+
+    # --- speculation is back on the reloaded draft, output still identical
+    t_back = time.time()
+    assert generate(engine, "back") == ref
+    back = [e for e in _trace(trace) if "step" in e and e["t"] >= t_back]
+    assert any(e["gamma"] == K for e in back)
+    assert all(e["allowed"] == BASE - 1 for e in back)
