@@ -189,7 +189,7 @@ def test_helm_test_hook(helm):
     pod = render(helm).one("Pod")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     c = pod["spec"]["containers"][0]
-    assert c["args"] == ["http://cpu-pair.nightjar-system.svc:8000/v1/models", "30"]
+    assert c["args"] == ["http://qwen-coder-cpu.nightjar-system.svc:8000/v1/models", "30"]
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["automountServiceAccountToken"] is False
 
