@@ -17,7 +17,8 @@ on the Nightjar server (and static-4, where the draft surely runs) must give ide
 
 Writes ``benchmarks/results/serve/{results.json,table.md,serve.png}``. Last line:
 ``RESULT adaptive_vs_best_static_min=... adaptive_vs_nosd_c1=... adaptive_vs_nosd_sat=... lossless=...``
-``QUICK=1``: c in {1, 32} only, shorter outputs and fewer requests, and ``--mode switch``: instead
+``QUICK=1``: c in {1, 16} only (16 stands in for saturation on 2 shared cores), 32 output tokens, one wave
+of requests per level, and ``--mode switch``: instead
 of a server per policy, static-k, the table and Nightjar run on *one* Nightjar-scheduler server
 (K=4) whose policy is switched through the admin endpoint between runs (the planner's ``static``
 and ``table`` policies have vLLM's semantics; the scheduler trims drafts to the chosen gamma and the
@@ -205,11 +206,11 @@ def plot(results: dict[str, dict[int, dict]], concurrencies: list[int], path: Pa
 def main(argv: list[str] | None = None) -> int:
     quick = os.environ.get("QUICK", "0") not in ("", "0")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 32] if quick else [1, 2, 4, 8, 16, 32])
-    ap.add_argument("--max-tokens", type=int, default=64 if quick else 128)
+    ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 16] if quick else [1, 2, 4, 8, 16, 32])
+    ap.add_argument("--max-tokens", type=int, default=32 if quick else 128)
     ap.add_argument("--policies", nargs="*",
                     default=["nosd", "static-1", "static-2", "static-3", "static-4", "vllm-table", "nightjar"])
-    ap.add_argument("--lossless-prompts", type=int, default=4 if quick else 12)
+    ap.add_argument("--lossless-prompts", type=int, default=3 if quick else 12)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--mode", choices=("restart", "switch"), default="switch" if quick else "restart",
                     help="restart: a native vLLM server per baseline; switch: one Nightjar server, policy switched")
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     lossless_prompts = loadgen.mixed_prompts(loadgen.load_prompts(), args.lossless_prompts, seed=7)
 
     def n_req(c: int) -> int:
-        return max(4, 2 * c) if quick else max(8, 3 * c)
+        return max(3, c) if quick else max(8, 3 * c)
 
     results: dict[str, dict[int, dict]] = {}
     texts: dict[str, list[str]] = {}
