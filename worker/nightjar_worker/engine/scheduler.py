@@ -38,6 +38,8 @@ NIGHTJAR_SCHEDULER_CLS = "nightjar_worker.engine.scheduler.NightjarScheduler"
 
 
 class NightjarScheduler(Scheduler):
+    record_per_request = False  # the profiler switches it on; serving must not need it set
+
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         check_vllm_version()
         _check_pair(vllm_config)
