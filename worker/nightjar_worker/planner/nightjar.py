@@ -50,6 +50,7 @@ _DEFAULT_CV = 0.3  # relative noise assumed before a bucket has its own estimate
 _ESTABLISHED = 32.0
 _MIN_ELIMINATE = 4.0
 _LAG_DECAY = 1.0 - 1.0 / 256
+_MAX_DWELL = 1024  # cap on the amortisation horizon of a flip (steps)
 _MIN_REGRESSION = 20  # prefill-slope samples before a draft-on/off specific slope is trusted  # an arm is never ruled out on fewer (effective) observations  # effective observations before a bucket's best arm constrains its neighbours
 
 
@@ -111,6 +112,8 @@ class NightjarPolicy:
         self._exploring = [False] * nb  # whether the current bin explores
         self._best = [-1] * nb  # cached exploit arm index (for the monotone prior)
         self._last_gamma = 0
+        self._run = 0  # steps since speculation last flipped on/off
+        self._dwell = float(config.switch_amortise_steps)  # moving mean of those run lengths
         self._switch_ema: float | None = None
         self._sw = [0.0] * 5  # C_switch regression sums: n, x, y, xx, xy (x = missed tokens)
         self._off_tokens = 0.0  # tokens emitted/prefilled since speculation went off
@@ -186,6 +189,10 @@ class NightjarPolicy:
                 st.switches_on += 1
             else:
                 st.switches_off += 1
+            # how long speculation stays on/off: the horizon over which a flip amortises C_switch
+            self._dwell += 0.2 * (min(self._run, _MAX_DWELL) - self._dwell)
+            self._run = 0
+        self._run += 1
         self._last_gamma = g
         return g
 
@@ -381,7 +388,12 @@ class NightjarPolicy:
             return 0.0
         n = self._n[c][i]
         per_step = max(self._tok[c][i] / n if n > 0 else float(self._edges[c]), 1.0)
-        h = self.config.switch_amortise_steps if horizon is None else max(horizon, 1)
+        if horizon is None:
+            # exploitation: the expected dwell, at least H; a planner that flips rarely (long
+            # dwells) may resume speculation after a long pause, one that flips often may not
+            h = int(max(self.config.switch_amortise_steps, self._dwell, min(self._run, _MAX_DWELL)))
+        else:
+            h = max(horizon, 1)
         if self._arms[i] > 0:
             cost = self._predict_switch(self._off_tokens)  # catch up on what was missed so far
         else:
