@@ -59,6 +59,14 @@ def fit_switch_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
     return fixed, slope
 
 
+def draft_weight_bytes(draft_dir: str | os.PathLike[str]) -> int:
+    """Bytes of the draft's weights: the sum of its safetensors files."""
+    files = list(Path(draft_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"--draft: no *.safetensors in {draft_dir}")
+    return sum(f.stat().st_size for f in files)
+
+
 def _load_avg() -> str:
     try:
         return "/".join(f"{x:.1f}" for x in os.getloadavg())
@@ -197,7 +205,9 @@ class Profiler:
         elt = torch.tensor([], dtype=mc.dtype).element_size()
         kv_block_bytes = 2 * n_layers * kv_heads * head * block * elt
         blocks = int(self.sched.kv_cache_config.num_blocks)
-        draft_bytes = sum(p.numel() * p.element_size() for p in self.runner.drafter.model.parameters())
+        # The CPU backend repacks linear weights outside ``parameters()``; the checkpoint's bytes are
+        # what the draft occupies (bf16 safetensors, tied lm_head stored once).
+        draft_bytes = draft_weight_bytes(self.draft)
         return {"block_tokens": block, "kv_blocks_total": blocks, "kv_block_bytes": kv_block_bytes,
                 "draft_weight_bytes": int(draft_bytes)}
 
@@ -222,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=40, help="tokens generated per T(b, g) measurement")
     p.add_argument("--accept-tokens", type=int, default=96, help="tokens per request for acceptance")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--switch-batches", default=None, help="batch sizes of the C_switch runs (default 1,4,16)")
+    p.add_argument("--switch-offs", default=None, help="gamma-0 phase lengths of the C_switch runs (default 2,8,32)")
     p.add_argument("--quick", action="store_true", help="short run (ladder 1,4,16; fewer tokens)")
     return p
 
@@ -232,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t_def, d_def = bundled_pair()
     model, draft = a.model or str(t_def), a.draft or str(d_def)
-    batches = [int(x) for x in a.batches.split(",")] if not a.quick else [1, 4, 16]
+    batches = [int(x) for x in a.batches.split(",")] if not a.quick or a.batches != "1,2,4,8,16,32" else [1, 4, 16]
     tokens = a.tokens if not a.quick else 16
     acc_tokens = a.accept_tokens if not a.quick else 48
     if any(b < 1 for b in batches) or batches != sorted(set(batches)):
@@ -247,7 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  memory: {mem}", flush=True)
     table = prof.step_times(short, batches, tokens)
     alpha, raw = prof.acceptance(by_cat, acc_tokens)
-    pts = prof.switch_cost(short, [1, 4] if a.quick else [1, 4, 16], [4, 16] if a.quick else [2, 8, 32])
+    sw_b = [int(x) for x in a.switch_batches.split(",")] if a.switch_batches else ([1, 4] if a.quick else [1, 4, 16])
+    sw_o = [int(x) for x in a.switch_offs.split(",")] if a.switch_offs else ([4, 16] if a.quick else [2, 8, 32])
+    pts = prof.switch_cost(short, sw_b, sw_o)
     fixed, per_tok = fit_switch_cost(pts)
     print(f"  C_switch = {fixed * 1e3:.2f} ms + {per_tok * 1e3:.3f} ms/token ({len(pts)} resumes)", flush=True)
     import vllm

@@ -49,6 +49,9 @@ class NightjarScheduler(Scheduler):
         self.nightjar_step = 0
         self._inflight: tuple[Any, float, int, int, float] | None = None
         self.nightjar_control: Any = None
+        # Per-request draft/accept counts, filled only while ``record_per_request`` is set (profiler):
+        # req_id -> [prompt token ids, drafted, accepted].
+        self.request_acceptance: dict[str, list] = {}
         self.nightjar_memory: Any = None  # ElasticMemoryManager (memory area), when enabled
         if not self.nightjar_enabled:
             log.warning("nightjar: no speculative_config (K=0): NightjarScheduler acts as vLLM's scheduler")
