@@ -181,3 +181,13 @@ def test_regret_helpers(prof):
     assert lo == lo2  # common random numbers
     ln, d = env.run(build_policy(cfg, prof), time_decisions=True)
     assert len(d) == 2000 and sum(ln) > 0
+
+
+def test_cli(capsys):
+    from nightjar_worker.sim.cli import main
+
+    assert main(["--profile", str(ROOFLINE), "--rate", "4", "--duration", "5", "--policy", "dsd"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"] == "dsd" and out["requests"] > 0 and out["throughput_tok_s"] > 0
+    with pytest.raises(SystemExit):
+        main(["--profile", str(ROOFLINE), "--policy", "table"])
