@@ -23,8 +23,10 @@ of a server per policy, static-k, the table and Nightjar run on *one* Nightjar-s
 (K=4) whose policy is switched through the admin endpoint between runs (the planner's ``static``
 and ``table`` policies have vLLM's semantics; the scheduler trims drafts to the chosen gamma and the
 draft proposes exactly gamma tokens, so the steps are the same as vLLM's native static-k); no-SD
-stays a native server (it is also the lossless reference). Start-up dominates on 2 shared cores
-(1-3 min per server), which is why QUICK switches.
+runs on the same server with the planner's ``nosd`` policy (gamma 0 every step: the runner skips the
+draft entirely; ``--no-nosd-switched`` is not offered, use ``--mode restart`` for a native no-SD
+server). Start-up dominates on 2 shared cores (1-15 min per server under load), which is why QUICK
+uses one server.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ def switch_body(name: str, table: list[list[int]] | None) -> dict:
         return {"planner": {"policy": "table", "gamma_table": {str(a): k for a, _, k in table}}}
     if name == "nightjar":
         return {"planner": {"policy": "nightjar"}}
+    if name == "nosd":
+        return {"planner": {"policy": "nosd"}}  # gamma 0 every step: the runner skips the draft entirely
     raise ValueError(f"policy: {name!r} cannot be switched at run time")
 
 
@@ -212,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                     default=["nosd", "static-1", "static-2", "static-3", "static-4", "vllm-table", "nightjar"])
     ap.add_argument("--lossless-prompts", type=int, default=3 if quick else 12)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--nosd-switched", action="store_true", default=quick,
+                    help="switch mode: run no-SD on the same server too (planner policy 'nosd': no draft forward)")
     ap.add_argument("--mode", choices=("restart", "switch"), default="switch" if quick else "restart",
                     help="restart: a native vLLM server per baseline; switch: one Nightjar server, policy switched")
     args = ap.parse_args(argv)
@@ -230,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                             "server_start_s": {}}
     order = [p for p in args.policies if p != "vllm-table"] + (["vllm-table"] if "vllm-table" in args.policies else [])
     meta["mode"] = args.mode
+    meta["nosd_switched"] = args.mode == "switch" and args.nosd_switched
     t_all = time.perf_counter()
     shared: ServerProcess | None = None  # switch mode: the Nightjar-scheduler server
     try:
@@ -245,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"vllm-table tuned from the sweep: best K per concurrency {best} -> {table}", flush=True)
             want_text = pol in ("nosd", "nightjar", "static-4")
             lp = lossless_prompts if want_text else None
-            if args.mode == "switch" and pol != "nosd":
+            if args.mode == "switch" and (pol != "nosd" or args.nosd_switched):
                 if shared is None:
                     t0 = time.perf_counter()
                     print("[switch] starting the Nightjar-scheduler server ...", flush=True)
