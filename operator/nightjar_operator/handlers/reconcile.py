@@ -173,6 +173,8 @@ def write_status(api: Api, body: dict[str, Any], observed: Observed) -> dict[str
         try:
             api.patch_status(meta["namespace"], meta["name"], patch, fresh["metadata"]["resourceVersion"])
         except ApiException as e:
+            if e.status == 404:
+                return None  # deleted meanwhile: nothing left to report on
             if e.status == 409 and attempt < 4:
                 continue
             raise
