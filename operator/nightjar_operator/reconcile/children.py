@@ -108,15 +108,15 @@ def model_path(model: ModelRef) -> str:
     return src.image_path
 
 
-def _offload_env(spec: NightjarDeploymentSpec) -> str:
-    """JSON for the worker's ``OffloadPolicyConfig`` (only what the spec sets)."""
+def _memory_env(spec: NightjarDeploymentSpec) -> str:
+    """JSON for the worker's ``ElasticMemoryConfig`` (env ``NIGHTJAR_MEMORY``; only what the spec sets)."""
     off = spec.speculation.offload
-    cfg: dict[str, Any] = {"enabled": off.policy == "Auto"}
+    policy: dict[str, Any] = {}
     if off.kv_usage_high is not None:
-        cfg["kv_usage_high"] = off.kv_usage_high
+        policy["kv_usage_high"] = off.kv_usage_high
     if off.kv_usage_low is not None:
-        cfg["kv_usage_low"] = off.kv_usage_low
-    return json.dumps(cfg, sort_keys=True)
+        policy["kv_usage_low"] = off.kv_usage_low
+    return json.dumps({"enabled": off.policy == "Auto", "policy": policy}, sort_keys=True)
 
 
 # ------------------------------------------------------------------------------------- deployment
@@ -136,8 +136,7 @@ def _env(spec: NightjarDeploymentSpec, name: str) -> list[dict[str, Any]]:
         {"name": "NIGHTJAR_DEPLOYMENT", "value": name},
         {"name": "NIGHTJAR_TARGET_NAME", "value": spec.target.name},
         {"name": "NIGHTJAR_DRAFT_NAME", "value": spec.draft.name},
-        {"name": "NIGHTJAR_NGRAM", "value": "1" if spec.speculation.ngram else "0"},
-        {"name": "NIGHTJAR_OFFLOAD_CONFIG", "value": _offload_env(spec)},
+        {"name": "NIGHTJAR_MEMORY", "value": _memory_env(spec)},
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": f"{c.CACHE_DIR}/hf"},
         {"name": "VLLM_CACHE_ROOT", "value": f"{c.CACHE_DIR}/vllm"},

@@ -1,0 +1,29 @@
+"""Operator -> worker contract: the env the pods get is what the worker's own models accept."""
+
+import json
+
+from nightjar_operator.reconcile.children import _memory_env
+from nightjar_operator.reconcile.validate import parse_spec, semantic_errors
+from nightjar_worker.memory.config import ElasticMemoryConfig
+
+SPEC = {
+    "target": {"name": "t", "source": {"imagePath": "/models/t"}},
+    "draft": {"name": "d", "source": {"imagePath": "/models/d"}},
+}
+
+
+def _spec(**speculation):
+    spec, errs = parse_spec({**SPEC, "speculation": speculation})
+    assert not errs, errs
+    return spec
+
+
+def test_memory_env_is_a_valid_worker_memory_config():
+    cfg = ElasticMemoryConfig.model_validate(json.loads(_memory_env(_spec(offload={"policy": "Auto", "kvUsageHigh": 0.8}))))
+    assert cfg.enabled and cfg.policy.kv_usage_high == 0.8
+    assert not ElasticMemoryConfig.model_validate(json.loads(_memory_env(_spec(offload={"policy": "Never"})))).enabled
+
+
+def test_ngram_arm_is_refused_naming_the_field():
+    errs = semantic_errors(_spec(ngram=True), "demo")
+    assert [e.field for e in errs] == ["spec.speculation.ngram"]
