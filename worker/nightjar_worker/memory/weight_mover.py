@@ -175,7 +175,8 @@ class DraftWeightMover:
         self._store = HostStore(self.nbytes, self.device, host_store, offload_dir)
         self._host_valid = False
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.resident = True
+        self.resident = True  # device copy complete
+        self.usable = True  # the draft may run: False from the offload request to a completed reload
         self.task: MoveTask | None = None
 
     # -- one copy loop for both directions and every device -----------------------------------------
@@ -250,6 +251,7 @@ class DraftWeightMover:
     def start_offload(self) -> MoveTask:
         if not self.resident:
             raise RuntimeError("draft weights: offload requested but the draft is not resident")
+        self.usable = False  # before the copy thread starts: no draft forward from now on
 
         def body() -> int:
             moved = 0
@@ -282,6 +284,7 @@ class DraftWeightMover:
                 self._free_device()  # all or nothing: a half-restored draft must not stay in memory
                 raise
             self.resident = True
+            self.usable = True
             return self.param_bytes
 
         return self._run(MoveTask("reload"), body)

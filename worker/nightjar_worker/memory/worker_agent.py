@@ -60,7 +60,7 @@ class WorkerMemoryAgent:
         orig = runner._input_fits_in_drafter
 
         def fits(*args: Any, **kwargs: Any) -> bool:
-            return mover.resident and orig(*args, **kwargs)
+            return mover.usable and orig(*args, **kwargs)
 
         runner._input_fits_in_drafter = fits
 

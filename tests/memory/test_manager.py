@@ -1,0 +1,121 @@
+"""ElasticMemoryManager's control loop on vLLM's real BlockPool with an in-process worker double
+(the rpc functions run against a fake worker whose draft is a small torch module)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from nightjar_worker.memory import worker_agent as wa
+from nightjar_worker.memory.config import ElasticMemoryConfig, load_config
+from nightjar_worker.memory.fault import FaultInjector
+from nightjar_worker.memory.manager import ElasticMemoryManager
+from nightjar_worker.memory.offload_state import DraftState
+
+NBLK, BASE = 100, 10
+BLOCK_BYTES = 8192
+
+
+class FakeRunner:
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self.model = torch.nn.Linear(8, 8)
+        draft = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))  # ~0.5 MB fp32
+        self.drafter = types.SimpleNamespace(model=draft)
+        self.kv_caches = [torch.zeros(NBLK, 2, 16, 64, dtype=torch.bfloat16) for _ in range(2)]  # 4 KiB/layer/block
+        self.drafted = 0
+
+    def _input_fits_in_drafter(self, *_):
+        return True
+
+
+class FakeScheduler:
+    def __init__(self) -> None:
+        from vllm.v1.core.block_pool import BlockPool
+
+        self.kv_cache_manager = types.SimpleNamespace(block_pool=BlockPool(NBLK, False, 16))
+        self.running: list = []
+        self.waiting: list = []
+
+
+def make(tmp_path, faults=0, **cfg):
+    worker = types.SimpleNamespace(model_runner=FakeRunner())
+
+    def rpc(fn, args=()):
+        return [fn(worker, *args)]
+
+    sched = FakeScheduler()
+    config = ElasticMemoryConfig(enabled=True, base_blocks=BASE, offload_dir=str(tmp_path),
+                                 backoff={"base_s": 0.05, "factor": 2, "max_s": 0.1}, **cfg)
+    m = ElasticMemoryManager(sched, rpc, config)
+    wa._agent(worker).mover.faults = FaultInjector(faults)
+    return m, sched, worker
+
+
+def step_until(m, state, gamma=0, n=400):
+    for _ in range(n):
+        d = m.on_step(gamma)
+        if m.sm.state is state:
+            return d
+        m.wait_idle(5)
+    raise AssertionError(f"never reached {state}: {m.sm.history}")
+
+
+def test_pinned_cycle_moves_the_block_limit(tmp_path):
+    m, sched, worker = make(tmp_path, mode="offloaded")
+    bp = sched.kv_cache_manager.block_pool
+    assert m.pool.extra == m.draft_bytes // m.block_bytes and m.pool.extra > 0
+    d = m.on_step(3)
+    assert m.sm.state is DraftState.OFFLOADING and not d.draft_available and d.clamp(3) == 0
+    assert not worker.model_runner._input_fits_in_drafter()  # the worker refuses to draft
+    d = step_until(m, DraftState.OFFLOADED)
+    assert d.allowed_blocks == BASE - 1 + m.pool.extra == bp.get_num_free_blocks()
+    held = bp.get_new_blocks(BASE + 3)  # the scheduler really gets the extra blocks
+    m.set_mode("resident")
+    m.on_step(3)
+    assert m.sm.state is DraftState.DRAINING  # blocks >= BASE are still owned
+    bp.free_blocks(held)
+    d = step_until(m, DraftState.RESIDENT, gamma=3)
+    assert d.draft_available and d.clamp(3) == 3 and d.allowed_blocks == BASE - 1
+    assert worker.model_runner._input_fits_in_drafter()
+    names = [(t.src.label, t.dst.label) for t in m.sm.history]
+    assert names == [("resident", "offloading"), ("offloading", "offloaded"), ("offloaded", "draining"),
+                     ("draining", "reloading"), ("reloading", "resident")]
+
+
+def test_reload_failures_back_off_and_recover(tmp_path):
+    m, sched, _ = make(tmp_path, faults=2, mode="offloaded")
+    step_until(m, DraftState.OFFLOADED)
+    m.set_mode("resident")
+    step_until(m, DraftState.RESIDENT, gamma=2, n=2000)
+    fails = [t for t in m.sm.history if t.src is DraftState.RELOADING and t.dst is DraftState.OFFLOADED]
+    assert len(fails) == 2 and "injected" in fails[0].reason
+    assert m.reload_failures == 2 and m.backoff.failures == 0
+    gaps = [b.at_s - a.at_s for a, b in zip(fails, fails[1:], strict=False)]
+    assert gaps[0] >= 0.05  # the retry waited for the back-off
+
+
+def test_auto_policy_offloads_under_pressure(tmp_path):
+    m, sched, _ = make(tmp_path, policy={"offload_after_steps": 3, "reload_after_steps": 3,
+                                         "min_resident_s": 0, "min_offloaded_s": 0})
+    sched.waiting = [object()] * 5
+    for _ in range(3):
+        m.on_step(0)
+    assert m.sm.state is DraftState.OFFLOADING
+    step_until(m, DraftState.OFFLOADED)
+    sched.waiting = []
+    step_until(m, DraftState.RESIDENT, gamma=4)
+
+
+def test_config_sources_and_errors(tmp_path, monkeypatch):
+    assert not load_config({}, environ={}).enabled
+    assert load_config({"nightjar_memory": {"enabled": True}}, environ={}).enabled
+    assert load_config({}, environ={"NIGHTJAR_MEMORY": '{"enabled": true, "mode": "offloaded"}'}).mode == "offloaded"
+    f = tmp_path / "m.yaml"
+    f.write_text("enabled: true\nbase_blocks: 12\n")
+    assert load_config({}, environ={"NIGHTJAR_MEMORY": str(f)}).base_blocks == 12
+    with pytest.raises(ValueError, match="NIGHTJAR_MEMORY"):
+        load_config({}, environ={"NIGHTJAR_MEMORY": "/nope"})
+    with pytest.raises(ValueError, match="mode"):
+        load_config({"nightjar_memory": {"mode": "sometimes"}}, environ={})
