@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     profiles = [args.profile] if args.profile else [str(DEFAULT_PROFILE)]
     if not args.profile:
         profiles += sorted(glob.glob(str(ROOT / "profiles" / "cpu-*.json")))
-    out = results_dir("planner")
+    out = results_dir("planner/quick" if quick else "planner")
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         summaries = [bench_profile(p, quick, pool, out) for p in profiles]
