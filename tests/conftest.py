@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
+import warnings
 
 import pytest
 
@@ -31,7 +32,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def k8s():
-    from nightjar_operator.testing.cluster import DEFAULT_STATE_DIR, LocalCluster, missing_binaries
+    from nightjar_operator.testing.cluster import (
+        DEFAULT_STATE_DIR,
+        LocalCluster,
+        missing_binaries,
+        stale_build,
+    )
+
+    stale = stale_build()
+    if stale:
+        warnings.warn(stale, stacklevel=1)
 
     if os.environ.get("NIGHTJAR_K8S_REUSE") == "1":
         cluster = LocalCluster.attach(os.environ.get("NIGHTJAR_K8S_STATE_DIR", DEFAULT_STATE_DIR))

@@ -32,3 +32,13 @@ def test_requested_ip_list_first_free_wins_and_avoids_pool():
 def test_requested_ip_must_be_loopback():
     with pytest.raises(ValueError, match="nightjar.dev/test-pod-ip"):
         IpAllocator().get("x", "10.1.2.3")
+
+
+def test_build_recipe_matches_build_script():
+    import re
+    from pathlib import Path
+
+    from nightjar_operator.testing.cluster import BUILD_RECIPE
+
+    script = (Path(__file__).parents[2] / "scripts" / "k8s" / "build-apiserver.sh").read_text()
+    assert re.search(r'^RECIPE="(.*)"$', script, re.M).group(1) == BUILD_RECIPE

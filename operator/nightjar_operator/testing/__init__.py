@@ -17,6 +17,7 @@ __all__ = [
     "KubectlError",
     "LocalCluster",
     "missing_binaries",
+    "stale_build",
 ]
 
 
