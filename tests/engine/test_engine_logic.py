@@ -210,3 +210,24 @@ def test_catchup_chunks_respect_the_token_budget() -> None:
     for c in chunks:  # a request appears at most once per forward
         rows = [r for r, _, _ in c]
         assert len(rows) == len(set(rows))
+
+
+# -- profiler math and the committed CPU profile -------------------------------------------------------
+def test_solve_alpha_inverts_the_geometric_model() -> None:
+    from nightjar_worker.profiler import solve_alpha
+
+    for k in (1, 3, 4):
+        for alpha in (0.0, 0.1, 0.5, 0.9, 1.0):
+            mean = sum(alpha**i for i in range(1, k + 1))
+            assert abs(solve_alpha(mean, k) - alpha) < 1e-6
+
+
+def test_fit_switch_cost_recovers_a_line() -> None:
+    from nightjar_worker.profiler import fit_switch_cost
+
+    pts = [(t, 0.004 + 0.0002 * t) for t in (4, 16, 64, 128)]
+    fixed, per = fit_switch_cost(pts)
+    assert abs(fixed - 0.004) < 1e-9 and abs(per - 0.0002) < 1e-12
+    assert fit_switch_cost([]) == (0.0, 0.0)
+    f, p = fit_switch_cost([(10, 0.5), (20, 0.1)])  # negative slope is clamped
+    assert p == 0.0 and f >= 0.0
