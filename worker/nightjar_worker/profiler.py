@@ -184,8 +184,8 @@ class Profiler:
         for b in batches:
             texts = [prompts[i % len(prompts)] for i in range(b)]
             for off in offs:
-                self.force(f"{self.k}x3,0x{off},{self.k}x1000")
-                steps = self.run(texts, 3 * (self.k + 1) + off + 2 * (self.k + 1) + 4)
+                self.force(f"{self.k}x1,0x{off},{self.k}x1000")
+                steps = self.run(texts, (self.k + 1) + off + (self.k + 1) + 2)
                 for s in steps:
                     if s.catchup_tokens > 0 and s.catchup_s > 0:
                         pts.append((s.catchup_tokens, s.catchup_s))
