@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
@@ -53,12 +54,18 @@ def make(tmp_path, faults=0, **cfg):
     return m, sched, worker
 
 
-def step_until(m, state, gamma=0, n=400):
-    for _ in range(n):
+def step_until(m, state, gamma=0, n=400, timeout_s=30.0):
+    # Bounded by wall time as well as steps: back-off retries are due after a delay, and idle steps
+    # can run faster than that delay on a quiet machine.
+    deadline = time.monotonic() + timeout_s
+    steps = 0
+    while steps < n or time.monotonic() < deadline:
         d = m.on_step(gamma)
+        steps += 1
         if m.sm.state is state:
             return d
         m.wait_idle(5)
+        time.sleep(0.001)
     raise AssertionError(f"never reached {state}: {m.sm.history}")
 
 

@@ -23,3 +23,6 @@ def register() -> None:
     from nightjar_worker.engine.runner_hooks import install
 
     install()
+    from nightjar_worker.memory.cpu_packed import install as install_memory_hooks
+
+    install_memory_hooks()  # inert unless elastic memory is enabled (memory area)
