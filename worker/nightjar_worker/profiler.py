@@ -27,19 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nightjar_worker.planner.dsd import invert_acceptance
 
-def solve_alpha(mean_accepted: float, k: int) -> float:
-    """alpha in [0, 1] with alpha + alpha^2 + ... + alpha^k = mean_accepted (bisection)."""
-    if mean_accepted <= 0:
-        return 0.0
-    if mean_accepted >= k:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        s = sum(mid**i for i in range(1, k + 1))
-        lo, hi = (mid, hi) if s < mean_accepted else (lo, mid)
-    return (lo + hi) / 2
+# The per-token acceptance rate under the geometric model: the same inversion the DSD baseline uses.
+solve_alpha = invert_acceptance
 
 
 def fit_switch_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
