@@ -77,3 +77,16 @@ def namespace(k8s, request):
     k8s.create_namespace(name)
     yield name
     k8s.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def crd(k8s):
+    """The checked-in NightjarDeployment CRD, applied once and Established (shared by cluster tests)."""
+    from pathlib import Path
+
+    from nightjar_operator import constants as c
+
+    crd_file = Path(__file__).resolve().parents[1] / "manifests/crds/nightjar.dev_nightjardeployments.yaml"
+    k8s.kubectl("apply", "-f", str(crd_file))
+    k8s.kubectl("wait", "--for=condition=Established", f"crd/{c.CRD_NAME}", "--timeout=30s")
+    return c.CRD_NAME

@@ -31,8 +31,6 @@ from prometheus_client import REGISTRY
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD_FILE = ROOT / "manifests/crds/nightjar.dev_nightjardeployments.yaml"
 SIMWORKER = Path(__file__).with_name("simworker.py")
 SLO = {"ttftP95Ms": 300, "tpotP95Ms": 40, "attainment": 0.9}
 
@@ -136,13 +134,6 @@ class Endpoints:
                 p.kill()
         for s in self.socks:
             s.close()
-
-
-@pytest.fixture(scope="module")
-def crd(k8s):
-    k8s.kubectl("apply", "-f", str(CRD_FILE))
-    k8s.kubectl("wait", "--for=condition=Established", f"crd/{c.CRD_NAME}", "--timeout=30s")
-    return c.CRD_NAME
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ from prometheus_client import REGISTRY
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_FILE = ROOT / "manifests/crds/nightjar.dev_nightjardeployments.yaml"
 RUN_ARGS = ["run", "--standalone", "--all-namespaces", "-m", "nightjar_operator.main"]
 
 
@@ -62,13 +61,6 @@ def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
         if cond["type"] == ctype:
             return cond
     return {}
-
-
-@pytest.fixture(scope="module")
-def crd(k8s):
-    k8s.kubectl("apply", "-f", str(CRD_FILE))
-    k8s.kubectl("wait", "--for=condition=Established", f"crd/{c.CRD_NAME}", "--timeout=30s")
-    return c.CRD_NAME
 
 
 @pytest.fixture
