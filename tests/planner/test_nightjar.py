@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nightjar_worker.planner import PlannerConfig, PlannerPriors, PriorEntry, build_policy
@@ -207,3 +209,55 @@ def test_observe_ignores_unknown_arm():
     pol = build_policy(PlannerConfig(arms=[0, 2]))
     pol.observe(feedback(4, 3, 1e-3, random.Random(0)))
     assert pol.decide(4) in (0, 2)
+
+
+def _wrong_priors(loss: dict[int, float], count: float) -> PlannerPriors:
+    edges = PlannerConfig().bucket_edges
+    return PlannerPriors(bucket_edges=edges, entries=[
+        PriorEntry(bucket_lo=e, gamma=g, mean_loss_s=m, count=count) for e in edges for g, m in loss.items()
+    ])
+
+
+def test_correct_priors_cut_cold_start_exploration():
+    # Priors that agree with the environment are established evidence: a warm planner does not
+    # re-explore like a cold one (its schedule starts late, its priors are not forgotten early).
+    def off_best(pol) -> int:
+        return sum(1 for g in run_env(pol, {4: LOSS_B4}, [4] * 300, seed=7) if g != 3)
+
+    cold = off_best(build_policy(PlannerConfig(seed=7)))
+    warm_pol = build_policy(PlannerConfig(seed=7))
+    warm_pol.set_priors(_wrong_priors(LOSS_B4, count=16))  # right, in fact
+    warm = off_best(warm_pol)
+    assert warm <= cold / 3, (warm, cold)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_optimistic_wrong_prior_is_overcome(seed):
+    # The fleet claims gamma 0 is by far the best at batch 4; in fact it is the worst (gamma 3 is).
+    wrong = {**LOSS_B4, 0: 0.3e-3}
+    pol = build_policy(PlannerConfig(seed=seed))
+    pol.set_priors(_wrong_priors(wrong, count=16))
+    chosen = run_env(pol, {4: LOSS_B4}, [4] * 1500, seed=seed)
+    assert chosen[:8].count(0) >= 5  # the prior is believed at first
+    assert chosen[-500:].count(3) >= 400
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pessimistic_wrong_prior_is_overcome(seed, count=16, steps=5000):
+    # count 16: the operator's bound (merge_priors' max_pseudo_count)
+    # The fleet claims the truly best arm (gamma 3) is the worst. A prior may rule an arm out, but
+    # only while its bounded pseudo-count lasts (the steady-state discount erodes it); then the
+    # arm is explored again and its own observations contradict the prior, which is dropped.
+    wrong = {**LOSS_B4, 3: 1.2e-3}
+    pol = build_policy(PlannerConfig(seed=seed))
+    pol.set_priors(_wrong_priors(wrong, count=count))
+    chosen = run_env(pol, {4: LOSS_B4}, [4] * steps, seed=seed)
+    assert chosen[:200].count(3) <= 50  # the prior is believed at first
+    assert chosen[-1000:].count(3) >= 850
+
+
+def test_prior_pseudo_counts_are_capped():
+    pol = build_policy(PlannerConfig(prior_max_count=20.0))
+    pol.set_priors(_wrong_priors(LOSS_B4, count=1e6))
+    counts = [e.count for e in pol.snapshot().entries]
+    assert counts and max(counts) <= 20.0 + 1e-9

@@ -105,6 +105,9 @@ class PlannerConfig(BaseModel):
     prefill_correction: bool = Field(
         True, description="subtract the learnt cost of prefill tokens merged into a step from its loss"
     )
+    prior_max_count: float = Field(
+        64.0, description="upper bound on the pseudo-count of an injected prior per bucket and arm"
+    )
     paper_mode: bool = Field(
         False, description="ablation: the paper's per-bucket scheme only (no sharing, no pruning, no hysteresis)"
     )
@@ -145,7 +148,7 @@ class PlannerConfig(BaseModel):
         return v
 
     @field_validator(
-        "explore_scale", "explore_floor", "hysteresis", "confidence_z", "share_weight"
+        "explore_scale", "explore_floor", "hysteresis", "confidence_z", "share_weight", "prior_max_count"
     )
     @classmethod
     def _nonneg(cls, v: float, info) -> float:

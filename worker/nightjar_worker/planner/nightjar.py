@@ -102,6 +102,8 @@ class NightjarPolicy:
         self._bmean = [float(e) for e in self._edges]  # moving mean batch size per bucket
         self._pn = [[0.0] * na for _ in range(nb)]  # priors (same scaling)
         self._ps = [[0.0] * na for _ in range(nb)]
+        self._has_prior = [False] * nb
+        self._sched = [0] * nb  # steps the bucket's block/bin schedule has handed out
         # Hierarchical schedule per bucket.
         self._block_exp = [0] * nb
         self._block_left = [0] * nb
@@ -150,19 +152,36 @@ class NightjarPolicy:
         self._bin_left = [0] * len(self._edges)  # re-decide at the next step
 
     def set_priors(self, priors: PlannerPriors) -> None:
-        """Replace the priors: each entry is worth ``count`` observations of ``mean_loss_s``."""
-        na = len(self._arms)
-        self._pn = [[0.0] * na for _ in self._edges]
-        self._ps = [[0.0] * na for _ in self._edges]
+        """Replace the priors: each entry is worth ``count`` observations of ``mean_loss_s``
+        (at most ``prior_max_count`` per bucket and arm, so a worker's own evidence soon outweighs
+        a wrong prior).
+
+        Priors are established evidence, not a cold-start transient: they are exempt from the
+        growing-window forgetting (only the steady-state ``discount`` erodes them), and a bucket's
+        exploration schedule moves on as if its prior observations had happened (a warm bucket
+        explores like a cold one that has already seen that many steps)."""
+        na, nb = len(self._arms), len(self._edges)
+        cap = self.config.prior_max_count
+        merged: dict[tuple[int, int], list[float]] = {}  # entries on other edges may share a bucket
         for e in priors.entries:
             i = self._arm_idx.get(e.gamma)
-            if i is None:
-                continue
-            c = bucket_index(self._edges, e.bucket_lo)
-            w = self._w[c]
-            self._pn[c][i] += e.count * w
-            self._ps[c][i] += e.count * e.mean_loss_s * w
-        self._bin_left = [0] * len(self._edges)
+            if i is not None and e.count > 0:
+                acc = merged.setdefault((bucket_index(self._edges, e.bucket_lo), i), [0.0, 0.0])
+                acc[0] += e.count
+                acc[1] += e.count * e.mean_loss_s
+        self._pn = [[0.0] * na for _ in range(nb)]
+        self._ps = [[0.0] * na for _ in range(nb)]
+        self._has_prior = [False] * nb
+        for (c, i), (n, s) in merged.items():
+            k = min(n, cap) * self._w[c]
+            self._pn[c][i] = k
+            self._ps[c][i] = k * s / n
+            self._has_prior[c] = True
+        for c in range(nb):
+            if self._has_prior[c] and not self._paper:
+                prior_steps = int(sum(self._pn[c]) / self._w[c])
+                self._advance_schedule(c, self._t[c] + prior_steps - self._sched[c])
+        self._bin_left = [0] * nb
 
     @property
     def arms(self) -> tuple[int, ...]:
@@ -259,6 +278,13 @@ class NightjarPolicy:
         # configured discount (the tracking horizon in steady state).
         self._t[c] += 1
         d = min(self._d, 1.0 - 1.0 / (self._t[c] + 10.0)) if self._grow else self._d
+        if d < self._d and self._has_prior[c]:
+            # priors are not a cold-start transient: they decay at the steady-state rate only
+            keep = self._d / d
+            pn, ps = self._pn[c], self._ps[c]
+            for j in range(len(pn)):
+                pn[j] *= keep
+                ps[j] *= keep
         if d < 1.0:
             w /= d
             if w > 1e150:
@@ -435,8 +461,9 @@ class NightjarPolicy:
             return ok
         return [min(known)[1]]  # none meets it: the lowest TPOT
 
-    def _new_bin(self, c: int) -> int:
-        # Advance the hierarchical schedule: blocks of 2^(b-1) steps, bins of ~sqrt(block) steps.
+    def _next_bin_size(self, c: int) -> int:
+        """Advance the hierarchical schedule by one bin: blocks of 2^(b-1) steps, bins of
+        ~sqrt(block) steps. Returns the bin's length."""
         if self._block_left[c] <= 0:
             b = min(self._block_exp[c] + 1, self._max_exp + 1)
             self._block_exp[c] = b
@@ -446,11 +473,24 @@ class NightjarPolicy:
         size = min(self._bin_size[c], self._block_left[c])
         self._block_left[c] -= size
         self._bin_idx[c] += 1
+        self._sched[c] += size
+        return size
+
+    def _advance_schedule(self, c: int, steps: int) -> None:
+        """Move bucket c's schedule on by about ``steps`` steps (whole bins), as if they had been
+        played: later bins are longer and explore with lower probability."""
+        while steps > 0:
+            steps -= self._next_bin_size(c)
+
+    def _new_bin(self, c: int) -> int:
+        size = self._next_bin_size(c)
         self._bin_left[c] = size - 1
         st = self.stats
         st.bins += 1
 
         self._exploring[c] = False
+        if self._has_prior[c]:
+            self._drop_conflicting_priors(c)
         means, counts = self._estimates(c)
         cand = self._feasible(c)
         eff = [
@@ -489,6 +529,27 @@ class NightjarPolicy:
             choice = self._rng.choice(cand)
         self._arm[c] = choice
         return choice
+
+    def _drop_conflicting_priors(self, c: int) -> None:
+        """Prior-data conflict: once an arm's own mean lies outside what its prior allows (z
+        standard errors of both, with the bucket's own noise), the prior is wrong for this worker
+        (another workload, another machine) and is dropped, so a wrong prior costs a few
+        observations of that arm, not the time it takes the discount to erode it."""
+        inv = 1.0 / self._w[c]
+        n, pn, ps = self._n[c], self._pn[c], self._ps[c]
+        cv = None
+        z = self.config.confidence_z
+        s = self._corrected(c)
+        for i in range(len(n)):
+            k, kp = n[i] * inv, pn[i] * inv
+            if kp <= 0 or k < 2.0 or s[i] <= 0:
+                continue
+            if cv is None:
+                cv = self._cvs(c)
+            own, prior = s[i] / n[i], ps[i] / pn[i]
+            if abs(own - prior) > z * cv[i] * max(own, prior) * math.sqrt(1.0 / k + 1.0 / kp):
+                pn[i] = ps[i] = 0.0
+        self._has_prior[c] = any(x > 0 for x in pn)
 
     def _pick_exploration(
         self, c: int, pool: list[int], eff: list[float | None], counts: list[float], best: int
@@ -548,7 +609,7 @@ class NightjarPolicy:
     def _neighbour_best(self, c: int, step: int) -> int | None:
         d = c + step
         while 0 <= d < len(self._edges):
-            tot = sum(self._n[d]) / self._w[d]
+            tot = (sum(self._n[d]) + sum(self._pn[d])) / self._w[d]  # priors are evidence too
             if tot >= _ESTABLISHED and self._best[d] >= 0:
                 return self._arms[self._best[d]]
             d += step
