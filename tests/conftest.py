@@ -30,6 +30,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
 
 
+_ENGINE_KNOBS = ("NIGHTJAR_", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_engine_knob_leaks():
+    """A module must leave the engine's environment knobs as it found them: worker subprocesses
+    started later inherit ``os.environ`` (a leaked ``NIGHTJAR_FORCE_GAMMA`` silently replaced the
+    planner in every later server test)."""
+
+    def knobs() -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k.startswith(_ENGINE_KNOBS)}
+
+    before = knobs()
+    yield
+    after = knobs()
+    if after != before:
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        for k in changed:  # restore, so one leak is reported once and not in every later module
+            if k in before:
+                os.environ[k] = before[k]
+            else:
+                os.environ.pop(k, None)
+        pytest.fail(f"this module leaked engine environment variables: {', '.join(changed)}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def k8s():
     from nightjar_operator.testing.cluster import (

@@ -1,6 +1,10 @@
-"""Shared fixtures for engine tests: ONE in-process Nightjar engine for the whole session (starting
-vLLM is the expensive part), on the bundled target used as its own draft (deterministic 100% greedy
-acceptance), plus reference outputs from a plain engine without speculation."""
+"""Shared fixtures for engine tests: ONE in-process Nightjar engine per module (starting vLLM is the
+expensive part), on the bundled target used as its own draft (deterministic 100% greedy
+acceptance), plus reference outputs from a plain engine without speculation.
+
+Module scope, not session: ``engine_env`` sets test-only knobs (``NIGHTJAR_FORCE_GAMMA``...) in
+``os.environ``; held until the session ends they leaked into every worker subprocess started by
+later test directories (serve, fleet), which then ran a forced schedule instead of the planner."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from engine_helpers import (
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engine_env() -> Iterator[None]:
     keys = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -40,7 +44,7 @@ def engine_env() -> Iterator[None]:
             os.environ[k] = v
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def reference_outputs(engine_env: None) -> dict[str, list[int]]:
     """Plain decoding (vLLM's scheduler, no speculative_config) for the lossless prompts."""
     from vllm import LLM
@@ -55,7 +59,7 @@ def reference_outputs(engine_env: None) -> dict[str, list[int]]:
     return dict(zip(texts, ids, strict=True))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def nightjar_llm(engine_env: None, reference_outputs: dict) -> Iterator[Any]:
     """The Nightjar engine: target drafting for itself, K=3, policy swapped per test."""
     from nightjar_worker.engine.engine_args import engine_kwargs

@@ -1,6 +1,6 @@
 """A /metrics target fed by the worker's real metrics code, without a vLLM engine.
 
-Run as ``python metrics_target.py PORT WORKDIR``. It drives ``nightjar_worker.runtime_config.PlannerRuntime``
+Run as ``python metrics_target.py PORT WORKDIR``. It drives ``nightjar_worker.engine.control.EngineControl``
 (the scheduler-side glue the Nightjar scheduler calls every step: real Nightjar policy, real config
 watcher, real ``nightjar_*`` metrics) with step costs and acceptance from the analytic cost profile
 (the simulator's model), a load that swings between batch 1 and 48, a rejected and an accepted
@@ -33,15 +33,15 @@ slo:
 
 def main() -> int:
     port, workdir = int(sys.argv[1]), Path(sys.argv[2])
-    from nightjar_worker.planner.policy import StepFeedback
-    from nightjar_worker.runtime_config import PlannerRuntime
+    from nightjar_worker.engine.control import EngineControl
+    from nightjar_worker.engine.step_stats import StepStats
     from nightjar_worker.sim.profile import CostProfile
 
     cfg = workdir / "nightjar.yaml"
     cfg.write_text(CONFIG)
     profile = CostProfile.load(PROFILE)
-    rt = PlannerRuntime(cfg, profile, watch=True, interval_s=0.2, snapshot_every_s=0.5)
-    m = rt.metrics
+    ctl = EngineControl(4, config_path=cfg, profile=profile, poll_s=0.2, snapshot_every_s=0.5)
+    m = ctl.metrics
     m.draft_state_changed(None, "resident")
     m.set_kv_blocks(profile.kv_blocks_total, 0)
     start_http_server(port, addr="127.0.0.1")
@@ -51,22 +51,23 @@ def main() -> int:
     alpha = profile.alpha()
     go = workdir / "go"  # the test creates it once Prometheus scrapes us: events after that are seen
     t0 = time.monotonic()
-    prev_gamma, steps_at_zero = None, 0
+    prev_gamma, steps_at_zero, n = None, 0, 0
     phase_done: set[str] = set()
     while True:
         t = time.monotonic() - t0
         # Load swings between light and heavy every 6 s (the planner should lower gamma under load).
         batch = max(1, int(round(24 + 23 * math.sin(t * 2 * math.pi / 12))))
-        gamma = rt.decide(batch)
+        gamma, _ = ctl.decide(batch)
         step = profile.step_time(batch, gamma)
         accepted = sum(1 for _ in range(gamma * batch) if rng.random() < alpha) if gamma else 0
         switch = 0.0
         if prev_gamma == 0 and gamma > 0:
             switch = profile.switch_cost(steps_at_zero)
         steps_at_zero = steps_at_zero + 1 if gamma == 0 else 0
-        rt.observe(StepFeedback(batch_size=batch, gamma=gamma, step_time_s=step + switch,
-                                tokens_emitted=batch + accepted, num_draft_tokens=gamma * batch,
-                                num_accepted_tokens=accepted, switch_cost_s=switch))
+        n += 1
+        ctl.observe(StepStats(step=n, batch_size=batch, num_reqs=batch, gamma=gamma, step_time_s=step,
+                              tokens_emitted=batch + accepted, num_draft_tokens=gamma * batch,
+                              num_accepted_tokens=accepted, catchup_s=switch))
         prev_gamma = gamma
         if not go.exists():
             time.sleep(0.004)

@@ -1,5 +1,5 @@
 """A real Prometheus (Debian package, loopback) scrapes a target fed by the worker's real metrics
-code (``metrics_target.py``: PlannerRuntime + real Nightjar policy + config watcher, costs from the
+code (``metrics_target.py``: EngineControl + real Nightjar policy + config watcher, costs from the
 analytic profile; no vLLM engine) with the chart's rule files loaded.
 
 Asserted: every rule loads and evaluates without error; every dashboard query parses; every query

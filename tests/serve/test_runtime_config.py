@@ -176,21 +176,29 @@ def test_policy_holder_rebuilds_on_policy_change_and_keeps_state_otherwise(tmp_p
     assert not w.check() and holder.policy.decide(8) == 2
 
 
-def test_planner_runtime_records_metrics_and_applies_updates(tmp_path):
-    from nightjar_worker.planner import StepFeedback
-    from nightjar_worker.runtime_config import PlannerRuntime
+def test_engine_control_records_metrics_and_applies_updates(tmp_path, monkeypatch):
+    from nightjar_worker.engine.control import EngineControl
+    from nightjar_worker.engine.step_stats import StepStats
 
+    monkeypatch.delenv("NIGHTJAR_FORCE_GAMMA", raising=False)
     path = tmp_path / "c.yaml"
     write_config_atomically(path, WorkerRuntimeConfig(priors=PRIORS))
-    rt = PlannerRuntime(path, watch=False, snapshot_every_s=0.0)
+    ctl = EngineControl(4, config_path=path, poll_s=0, snapshot_every_s=3600.0)
     steps0 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g)}) or 0 for g in range(5))
-    for _ in range(20):
-        g = rt.decide(1)
-        rt.observe(StepFeedback(batch_size=1, gamma=g, step_time_s=0.01, tokens_emitted=1 + g,
-                                num_draft_tokens=g, num_accepted_tokens=g))
+    for i in range(20):
+        g, _ = ctl.decide(1)
+        ctl.observe(StepStats(step=i, batch_size=1, num_reqs=1, gamma=g, step_time_s=0.01, tokens_emitted=1 + g,
+                              num_draft_tokens=g, num_accepted_tokens=g))
     steps1 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g)}) or 0 for g in range(5))
     assert steps1 - steps0 == 20
+    # the first step exported the estimates even though the next export is an hour away
     assert REGISTRY.get_sample_value("nightjar_planner_loss_seconds", {"bucket": "1", "gamma": "0"}) is not None
+    # an update is exported at once, without waiting for a step or the period
+    fresh = {"bucket_lo": 16, "gamma": 2, "mean_loss_s": 0.0456, "count": 3}  # a bucket no step reached
+    write_config_atomically(path, WorkerRuntimeConfig(priors=PRIORS | {"entries": [*PRIORS["entries"], fresh]}))
+    assert ctl.watcher.check()
+    got = REGISTRY.get_sample_value("nightjar_planner_loss_seconds", {"bucket": "16", "gamma": "2"})
+    assert got == pytest.approx(0.0456)
     write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(policy="static", static_gamma=1)))
-    assert rt.watcher.check() and rt.decide(4) == 1
-    rt.close()
+    assert ctl.watcher.check() and ctl.decide(4)[0] == 1
+    ctl.close()

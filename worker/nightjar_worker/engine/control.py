@@ -4,6 +4,7 @@ config watcher and the Prometheus recorder (serving area), step listeners and th
 Runs in vLLM's EngineCore process. Environment:
   NIGHTJAR_CONFIG        runtime config file (``WorkerRuntimeConfig``), watched for live updates
   NIGHTJAR_CONFIG_POLL_S watcher poll interval (default 1.0; 0 = load once, no thread)
+  NIGHTJAR_SNAPSHOT_S    how often the planner's estimates go to /metrics (default 1.0 s)
   NIGHTJAR_PROFILE       optional CostProfile JSON (needed by policies 'dsd' and 'oracle')
   NIGHTJAR_FORCE_GAMMA   forced cycled schedule, e.g. "0x5,4x5" (overrides the policy; tests)
   NIGHTJAR_STEP_LOG      append every StepStats as a JSON line to this file
@@ -28,7 +29,6 @@ log = logging.getLogger("nightjar.engine")
 
 StepListener = Callable[[StepStats], None]
 _listeners: list[StepListener] = []
-SNAPSHOT_EVERY_STEPS = 200
 
 
 def add_step_listener(fn: StepListener) -> None:
@@ -52,9 +52,29 @@ def _metrics() -> Any:
 
 
 class EngineControl:
-    """Owns the live policy for one scheduler: ``decide`` before a step, ``observe`` after it."""
+    """Owns the live policy for one scheduler: ``decide`` before a step, ``observe`` after it.
 
-    def __init__(self, max_gamma: int) -> None:
+    Step contract::
+
+        gamma, decide_s = ctl.decide(batch_size)   # policy.decide under the lock, clamped to [0, K]
+        ...run the step...
+        ctl.observe(StepStats(...))                 # policy.observe + per-step nightjar_* metrics
+
+    Both take ``ctl.lock`` (shared with the config watcher) so an update never lands mid-decision.
+    The planner's ``snapshot()`` goes to ``nightjar_planner_loss_seconds``/``_count`` at most every
+    ``snapshot_every_s`` (it allocates: not worth doing per step) and at once after a config update.
+    Arguments left as None come from the environment (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        max_gamma: int,
+        *,
+        config_path: str | os.PathLike[str] | None = None,
+        profile: Any = None,
+        poll_s: float | None = None,
+        snapshot_every_s: float | None = None,
+    ) -> None:
         self.max_gamma = max_gamma
         self.lock: threading.RLock = threading.RLock()
         self.metrics = _metrics()
@@ -62,13 +82,16 @@ class EngineControl:
         self.holder: Any = None
         self._policy: GammaPolicy | None = None
         self._sink: JsonlSink | None = None
-        self._steps = 0
+        if snapshot_every_s is None:
+            snapshot_every_s = float(os.environ.get("NIGHTJAR_SNAPSHOT_S", "1.0"))
+        self._snapshot_every_s = snapshot_every_s
+        self._last_snapshot = float("-inf")
         forced = os.environ.get("NIGHTJAR_FORCE_GAMMA")
         if forced:
             self._policy = ForcedSchedulePolicy(forced, max_gamma)
             log.info("nightjar: forced gamma schedule %s", forced)
         else:
-            self._init_policy_from_config()
+            self._init_policy_from_config(config_path, profile, poll_s)
         if os.environ.get("NIGHTJAR_STEP_LOG"):
             self._sink = JsonlSink(os.environ["NIGHTJAR_STEP_LOG"])
         arms = tuple(self.policy.arms)
@@ -80,7 +103,7 @@ class EngineControl:
                 max_gamma,
             )
 
-    def _init_policy_from_config(self) -> None:
+    def _init_policy_from_config(self, path: Any, profile: Any, poll: float | None) -> None:
         from nightjar_worker.runtime_config import (
             PolicyHolder,
             RuntimeConfigWatcher,
@@ -88,16 +111,16 @@ class EngineControl:
             load_runtime_config,
         )
 
-        path = config_path_from_env()
-        profile = None
-        if os.environ.get("NIGHTJAR_PROFILE"):
+        path = os.fspath(path) if path is not None else config_path_from_env()
+        if profile is None and os.environ.get("NIGHTJAR_PROFILE"):
             from nightjar_worker.sim.profile import CostProfile
 
             profile = CostProfile.load(os.environ["NIGHTJAR_PROFILE"])
         cfg = load_runtime_config(path)  # raises with the field named on a malformed file
         self.holder = PolicyHolder(cfg, profile)
         kwargs = {} if self.metrics is None else {"metrics": self.metrics}
-        poll = float(os.environ.get("NIGHTJAR_CONFIG_POLL_S", "1.0"))
+        if poll is None:
+            poll = float(os.environ.get("NIGHTJAR_CONFIG_POLL_S", "1.0"))
         self.watcher = RuntimeConfigWatcher(path, self.holder, interval_s=max(poll, 0.05), **kwargs)
         self.lock = self.watcher.lock
         self.watcher.load_initial()
@@ -135,12 +158,14 @@ class EngineControl:
             switch_cost_s=stats.catchup_s,
             **self._extra_feedback(stats),
         )
+        now = time.monotonic()
         with self.lock:
             self.policy.observe(fb)
             snap = None
-            self._steps += 1
-            if self.metrics is not None and self._steps % SNAPSHOT_EVERY_STEPS == 1 and hasattr(self.policy, "snapshot"):
-                snap = self.policy.snapshot()
+            if self.metrics is not None and now - self._last_snapshot >= self._snapshot_every_s:
+                self._last_snapshot = now
+                if hasattr(self.policy, "snapshot"):
+                    snap = self.policy.snapshot()
         if self.metrics is not None:
             self.metrics.observe_step(stats.gamma, stats.batch_size, stats.num_draft_tokens, stats.num_accepted_tokens)
             if stats.catchup_s > 0:
