@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nightjar_worker.planner import PlannerConfig, PlannerPriors, PriorEntry, build_policy
