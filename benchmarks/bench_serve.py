@@ -44,13 +44,11 @@ from typing import Any
 from nightjar_worker import loadgen
 from nightjar_worker.serve import ServerProcess
 
+from benchmarks.serving import ADMIN_TOKEN, set_cpu_env, switch_policy
+
 RESULTS = Path(__file__).resolve().parent / "results" / "serve"
 
-# vLLM's CPU backend pins each engine to the last core of the machine minus one reserved core ("auto"):
-# every vLLM instance on a small shared machine then fights for the same core. Unless the caller
-# chose otherwise, the benchmark lets the OS place the (single-threaded) engine. Same for all policies.
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+set_cpu_env()
 
 
 def policy_args(name: str, table: list[list[int]] | None = None) -> list[str]:
@@ -64,32 +62,6 @@ def policy_args(name: str, table: list[list[int]] | None = None) -> list[str]:
     if name == "nightjar":
         return ["--scheduler", "nightjar"]
     raise ValueError(f"policy: unknown {name!r}")
-
-
-ADMIN_TOKEN = "bench-serve"
-
-
-def switch_body(name: str, table: list[list[int]] | None) -> dict:
-    """Runtime-config body selecting the planner policy that reproduces baseline ``name``."""
-    if name.startswith("static-"):
-        return {"planner": {"policy": "static", "static_gamma": int(name.split("-")[1])}}
-    if name == "vllm-table":
-        assert table is not None
-        return {"planner": {"policy": "table", "gamma_table": {str(a): k for a, _, k in table}}}
-    if name == "nightjar":
-        return {"planner": {"policy": "nightjar"}}
-    if name == "nosd":
-        return {"planner": {"policy": "nosd"}}  # gamma 0 every step: the runner skips the draft entirely
-    raise ValueError(f"policy: {name!r} cannot be switched at run time")
-
-
-def switch_policy(server: ServerProcess, name: str, table: list[list[int]] | None) -> None:
-    import httpx
-
-    r = httpx.post(server.url + "/nightjar/v1/config", json=switch_body(name, table),
-                   headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
-    if r.status_code != 200 or r.json().get("status") != "applied":
-        raise RuntimeError(f"switching to {name} failed: {r.status_code} {r.text}")
 
 
 def tuned_table(results: dict[str, dict[int, dict]], concurrencies: list[int]) -> tuple[list[list[int]], dict]:
@@ -259,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                     shared = ServerProcess(["--scheduler", "nightjar"], env={"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN},
                                            log_path=args.out / "server-switch.log").start()
                     meta["server_start_s"]["switch"] = round(time.perf_counter() - t0, 1)
-                switch_policy(shared, pol, table)
+                switch_policy(shared.url, pol, table)
                 print(f"[{pol}] (runtime switch)", flush=True)
                 res, tx = asyncio.run(run_policy(shared, concurrencies, prompts, max_tokens=args.max_tokens,
                                                  n_req=n_req, lossless_prompts=lp))

@@ -1,0 +1,398 @@
+"""``make bench-dynamic``: the real worker under time-varying load, every policy in one run.
+
+Load (``dynamic_lib.dynamic_trace``): Poisson arrivals following a rate trace, low -> high -> low then
+a sawtooth (rates rising geometrically low -> high, dropping back), Spec-Bench prompts interleaved by
+category, temperature 0, the same arrival times (seed) for every policy.
+
+Two Nightjar-scheduler servers (K=4), the policy switched through the admin endpoint between runs
+(bench-serve's switch mode: the planner's ``nosd``/``static``/``table`` policies have vLLM's step
+semantics; start-up costs minutes here, so one server per policy is not affordable):
+
+* server A (step log on): ``nosd``, ``static-1..4`` (the sweep), then ``vllm-table`` tuned from the
+  sweep as vLLM's Dynamic SD docs suggest (per batch size the gamma with the best measured tokens/s
+  of the static runs' decode steps, gamma 0 = no-SD), ``ucb`` (BanditSpec-style) and
+  ``nightjar-no-offload`` (Nightjar, draft always resident);
+* a CostProfile is then derived from A's step log (median decode step time per batch size and gamma,
+  acceptance, C_switch; or ``--profile``), and server B starts with it (``NIGHTJAR_PROFILE``) and with
+  elastic draft memory (``NIGHTJAR_MEMORY``, pinned resident through its control file except for
+  Nightjar): ``dsd`` (DSD-style goodput), ``oracle`` (per-batch oracle gamma from the profile) and
+  ``nightjar`` (Nightjar with elastic memory, offload policy ``auto``).
+
+Per phase and overall: output tokens/s, TTFT/TPOT/E2E p50/p99, mean gamma and acceptance from the step
+log; gamma and draft-state timelines. Writes ``benchmarks/results/dynamic[/quick]/{table.md,dynamic.png,
+results.json}`` (``PAIR=qwen``: ``dynamic-qwen``). Last line:
+``RESULT worst_phase_vs_best_static=.. overall_vs_nosd=.. overall_vs_best_static=.. p99_tpot_vs_best_static=..``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from nightjar_worker import loadgen
+from nightjar_worker.engine.step_stats import read_jsonl
+from nightjar_worker.serve import ServerProcess
+
+from benchmarks import common, dynamic_lib
+from benchmarks.serving import (
+    ADMIN_TOKEN,
+    MetricTick,
+    openai_client,
+    pair_args,
+    pair_dirs,
+    sample_metrics,
+    set_cpu_env,
+    switch_policy,
+)
+
+set_cpu_env()
+
+STATICS = ["nosd", "static-1", "static-2", "static-3", "static-4"]
+SERVER_A = [*STATICS, "vllm-table", "ucb", "nightjar-no-offload"]
+SERVER_B = ["dsd", "oracle", "nightjar"]
+ADAPTIVE = ("vllm-table", "ucb", "nightjar-no-offload", "dsd", "oracle", "nightjar")
+DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading", "draining")
+
+# Offered load per pair (req/s): "low" about one request at a time, "high" above the service rate
+# (closed loop at the cap). Measured here (2 shared cores, bf16): bundled 65 ms per step at batch 1,
+# ~0.3 s at batch 16-20 (~1.7 req/s of 32 tokens); qwen ~4 tok/s at batch 1, ~19 at batch 4.
+TRACES = {
+    "bundled": dynamic_lib.TraceSpec(low_rate=0.2, high_rate=3.0, low_cap=2, high_cap=12),
+    "qwen": dynamic_lib.TraceSpec(low_rate=0.06, high_rate=1.0, low_cap=1, high_cap=6),
+}
+QUICK_SCALE = {"bundled": 0.2, "qwen": 0.25}
+
+
+def planner_policy(name: str) -> str:
+    return "nightjar" if name.startswith("nightjar") else name
+
+
+def kv_block_bytes(target: Path, block_tokens: int) -> int:
+    """Target KV bytes per block (K and V, bf16) from the model's config.json."""
+    c = json.loads((target / "config.json").read_text())
+    layers = c["num_hidden_layers"]
+    heads = c.get("num_key_value_heads") or c["num_attention_heads"]
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return 2 * layers * heads * head_dim * block_tokens * 2
+
+
+def cache_info(url: str) -> tuple[int, int]:
+    """(KV blocks, block tokens) from vLLM's ``vllm:cache_config_info`` labels."""
+    import httpx
+
+    m = loadgen.parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
+    for (name, labels), _ in m.items():
+        if name == "vllm:cache_config_info":
+            d = dict(labels)
+            return int(float(d.get("num_gpu_blocks") or 0)), int(float(d.get("block_size") or 16))
+    return 0, 16
+
+
+async def run_trace(url: str, model: str, prompts, phases, max_tokens: int) -> tuple[list, list[MetricTick], float]:
+    client = openai_client(url)
+    ticks: list[MetricTick] = []
+    stop = asyncio.Event()
+    t0 = time.perf_counter()
+    unix0 = time.time()
+    mon = asyncio.create_task(sample_metrics(url, t0, stop, ticks))
+    recs = await loadgen.run_load(client, model, prompts, phases, max_tokens=max_tokens, temperature=0.0, seed=11)
+    stop.set()
+    await mon
+    await client.close()
+    return recs, ticks, unix0
+
+
+async def warm_up(url: str, model: str, prompts) -> None:
+    client = openai_client(url)
+    await loadgen.run_closed_loop(client, model, prompts[-4:], 2, 2, max_tokens=16)
+    await client.close()
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out: Path = args.out
+        self.spec = TRACES[args.pair]
+        self.phases = dynamic_lib.dynamic_trace(self.spec, args.scale)
+        self.names = dynamic_lib.phase_names(self.phases)
+        self.windows = dynamic_lib.phase_windows(self.phases)
+        self.prompts = loadgen.mixed_prompts(loadgen.load_prompts(), 400, seed=1)
+        self.results: dict[str, dict[str, dict]] = {}
+        self.steps: dict[str, dict[str, dict]] = {}
+        self.timelines: dict[str, dict[str, list]] = {}
+        self.meta: dict[str, Any] = {"pair": args.pair, "quick": args.quick, "scale": args.scale,
+                                     "max_tokens": args.max_tokens, "trace": self.spec.model_dump(),
+                                     "phases": [[n, round(a, 2), round(b, 2)] for n, a, b in self.windows],
+                                     "server_start_s": {}, "notes": []}
+        self.table: list[list[int]] | None = None
+
+    def note(self, text: str) -> None:
+        print(f"note: {text}", flush=True)
+        self.meta["notes"].append(text)
+
+    def start(self, tag: str, env: dict[str, str]) -> ServerProcess:
+        t0 = time.perf_counter()
+        print(f"[server {tag}] starting ({self.args.pair} pair) ...", flush=True)
+        srv = ServerProcess([*pair_args(self.args.pair), "--scheduler", "nightjar"],
+                            env={"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN, **env},
+                            log_path=self.out / f"server-{tag}.log").start()
+        self.meta["server_start_s"][tag] = round(time.perf_counter() - t0, 1)
+        print(f"[server {tag}] ready in {self.meta['server_start_s'][tag]} s", flush=True)
+        asyncio.run(warm_up(srv.url, srv.model_name(), self.prompts))
+        return srv
+
+    def run_policy(self, srv: ServerProcess, name: str, step_log: Path) -> None:
+        switch_policy(srv.url, planner_policy(name), self.table if name == "vllm-table" else None)
+        print(f"[{name}] running the trace ({self.windows[-1][2]:.0f} s) ...", flush=True)
+        recs, ticks, unix0 = asyncio.run(run_trace(srv.url, srv.model_name(), self.prompts, self.phases,
+                                                   self.args.max_tokens))
+        unix1 = time.time()
+        res = dynamic_lib.per_phase_summary(recs, self.names)
+        steps = dynamic_lib.steps_between(read_jsonl(step_log), unix0, unix1)
+        self.results[name] = res
+        self.steps[name] = dynamic_lib.step_phase_stats(steps, unix0, self.windows)
+        self.timelines[name] = {
+            "bins": dynamic_lib.binned(steps, unix0),
+            "draft_state": [(round(t.unix - unix0, 2), t.draft_state) for t in ticks],
+        }
+        self.meta.setdefault("windows_unix", {})[name] = [unix0, unix1]
+        o, st = res["overall"], self.steps[name]["overall"]
+        print(f"  {name}: {o['output_tok_s']:.1f} tok/s overall ("
+              + ", ".join(f"{n} {res[n]['output_tok_s']:.1f}" for n in self.names)
+              + f"), TPOT p99 {fmt_ms(o['tpot_p99_s'])} ms, mean gamma {common.fmt(st['mean_gamma'])}, "
+              f"requests {o['requests']} errors {o['errors']}", flush=True)
+
+    # --- the two servers ------------------------------------------------------------------------
+    def server_a(self) -> list:
+        log = self.out / "steps-a.jsonl"
+        log.unlink(missing_ok=True)
+        srv = self.start("a", {"NIGHTJAR_STEP_LOG": str(log)})
+        try:
+            self.meta["kv_blocks"], self.meta["block_tokens"] = cache_info(srv.url)
+            for name in [p for p in SERVER_A if p in self.args.policies]:
+                if name == "vllm-table":
+                    self.tune_table(log)
+                self.run_policy(srv, name, log)
+        finally:
+            srv.stop()
+        return read_jsonl(log)
+
+    def tune_table(self, log: Path) -> None:
+        sweep = [s for p in STATICS if p in self.meta.get("windows_unix", {})
+                 for s in dynamic_lib.steps_between(read_jsonl(log), *self.meta["windows_unix"][p])]
+        best = dynamic_lib.best_gamma_per_batch(sweep)
+        self.table = dynamic_lib.table_from_best(best)
+        self.meta["vllm_table_best_k"] = best
+        self.meta["vllm_table"] = self.table
+        print(f"vllm-table tuned from the sweep's decode steps: best K per batch {best} -> {self.table}", flush=True)
+
+    def profile(self, steps_a: list) -> Path | None:
+        if self.args.profile:
+            self.meta["profile_source"] = str(self.args.profile)
+            return self.args.profile
+        sweep = [s for p in STATICS if p in self.meta.get("windows_unix", {})
+                 for s in dynamic_lib.steps_between(steps_a, *self.meta["windows_unix"][p])]
+        target, draft = pair_dirs(self.args.pair)
+        from nightjar_worker.profiler import draft_weight_bytes
+
+        bt = self.meta.get("block_tokens", 16)
+        try:
+            prof = dynamic_lib.profile_from_steps(
+                sweep, [0, 1, 2, 3, 4], name=f"cpu-{self.args.pair}-dynamic-run", device="CPU (this run's step log)",
+                target=target.name, draft=draft.name, kv_blocks_total=self.meta.get("kv_blocks", 0),
+                kv_block_bytes=kv_block_bytes(target, bt), draft_weight_bytes=draft_weight_bytes(draft),
+                block_tokens=bt)
+        except ValueError as e:
+            self.note(f"no CostProfile from this run ({e}): dsd and oracle not measured")
+            return None
+        path = self.out / "profile.json"
+        prof.save(path)
+        self.meta["profile_source"] = "measured in this run (server A's no-SD/static step log)"
+        self.meta["profile"] = {"batch_sizes": prof.batch_sizes, "alpha": prof.alpha(),
+                                "switch_cost": [prof.switch_cost_fixed_s, prof.switch_cost_per_token_s]}
+        self.meta["oracle_gamma_per_batch"] = dynamic_lib.oracle_gammas(prof, prof.batch_sizes)
+        print(f"profile: batches {prof.batch_sizes}, alpha {prof.alpha():.3f}; oracle gamma per batch "
+              f"{self.meta['oracle_gamma_per_batch']}", flush=True)
+        return path
+
+    def server_b(self, profile: Path | None) -> None:
+        wanted = [p for p in SERVER_B if p in self.args.policies]
+        if profile is None:
+            wanted = [p for p in wanted if p not in ("dsd", "oracle")]
+        if not wanted:
+            return
+        log = self.out / "steps-b.jsonl"
+        log.unlink(missing_ok=True)
+        ctl = Path(tempfile.mkdtemp(prefix="nightjar-dyn-")) / "memory-mode"
+        ctl.write_text("resident")
+        env = {"NIGHTJAR_STEP_LOG": str(log)}
+        if profile is not None:
+            env["NIGHTJAR_PROFILE"] = str(profile)
+        memory = self.args.memory
+        if memory:
+            env["NIGHTJAR_MEMORY"] = json.dumps({"enabled": True, "mode": "resident", "control_file": str(ctl)})
+        try:
+            srv = self.start("b", env)
+        except (RuntimeError, TimeoutError) as e:
+            if not memory:
+                raise
+            tail = str(e).splitlines()[-3:]
+            self.note(f"server B failed to start with elastic memory ({' / '.join(tail)}); restarted without it: "
+                      "'nightjar' below is the same configuration as 'nightjar-no-offload'")
+            env.pop("NIGHTJAR_MEMORY")
+            memory = False
+            srv = self.start("b-nomem", env)
+        self.meta["elastic_memory"] = memory
+        try:
+            for name in wanted:
+                ctl.write_text("auto" if name == "nightjar" else "resident")
+                time.sleep(1.5)  # the manager reads the control file's mtime once per step
+                self.run_policy(srv, name, log)
+        finally:
+            srv.stop()
+        if memory and "nightjar" in self.timelines:
+            states = {s for _, s in self.timelines["nightjar"]["draft_state"] if s is not None}
+            if states <= {0.0}:
+                self.note("elastic memory on, but the draft stayed resident through the whole run (no KV "
+                          "pressure at this load: the offload policy needs waiting requests or KV usage >= 90%); "
+                          "'nightjar' and 'nightjar-no-offload' therefore ran the same configuration in effect")
+
+    # --- output ---------------------------------------------------------------------------------
+    def report(self) -> dict:
+        ratios = dynamic_lib.dynamic_ratios(self.results, self.names)
+        per_phase_oracle = {}
+        if "oracle" in self.results and "nightjar" in self.results:
+            per_phase_oracle = {n: self.results["nightjar"][n]["output_tok_s"] / self.results["oracle"][n]["output_tok_s"]
+                                for n in [*self.names, "overall"] if self.results["oracle"][n]["output_tok_s"] > 0}
+        self.meta["oracle_fraction_per_phase"] = per_phase_oracle
+        rows = []
+        for pol, res in self.results.items():
+            for ph in [*self.names, "overall"]:
+                s, st = res[ph], self.steps[pol][ph]
+                rows.append([pol, ph, s["requests"], s["errors"], round(s["output_tok_s"], 1),
+                             f"{fmt_ms(s['ttft_p50_s'])}/{fmt_ms(s['ttft_p99_s'])}",
+                             f"{fmt_ms(s['tpot_p50_s'])}/{fmt_ms(s['tpot_p99_s'])}",
+                             f"{fmt_s(s['e2e_p50_s'])}/{fmt_s(s['e2e_p99_s'])}",
+                             common.fmt(st["mean_gamma"], 3) if st["mean_gamma"] is not None else "-",
+                             common.fmt(st["mean_batch"], 3) if st["mean_batch"] is not None else "-",
+                             common.fmt(st["acceptance"], 3) if st["acceptance"] is not None else "-"])
+        missing = [p for p in ["nosd", "static-1", "static-2", "static-3", "static-4", "vllm-table", "dsd", "ucb",
+                               "oracle", "nightjar-no-offload", "nightjar"] if p not in self.results]
+        notes = "\n".join(f"- {n}" for n in self.meta["notes"])
+        notes += ("\n- not measured: " + ", ".join(missing)) if missing else ""
+        notes += ("\n- best static = the best fixed gamma in each phase, no-SD (gamma 0) included; "
+                  "throughput = output tokens of the requests arriving in the phase over their span; "
+                  "mean gamma/acceptance from the worker's step log (steps ending in the phase)")
+        notes += f"\n- vLLM table (tuned from the sweep): {self.meta.get('vllm_table', 'not tuned')}"
+        notes += f"\n- profile: {self.meta.get('profile_source', 'none')}; oracle gamma per batch: " \
+                 f"{self.meta.get('oracle_gamma_per_batch', 'not measured')}"
+        of = ratios.get("oracle_fraction")
+        notes += f"\n- oracle gap: nightjar / oracle throughput overall = {common.fmt(of) if of else 'not measured'}" \
+                 + (f", per phase {json.dumps({k: round(v, 3) for k, v in per_phase_oracle.items()})}" if of else "")
+        notes += "\n- RESULT " + " ".join(f"{k}={common.fmt(v) if v is not None else 'nan'}" for k, v in ratios.items())
+        common.print_table(
+            f"bench-dynamic ({self.args.pair} pair{', QUICK' if self.args.quick else ''}, "
+            f"trace {' -> '.join(self.names)}, {self.windows[-1][2]:.0f} s per policy)",
+            ["policy", "phase", "req", "err", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "E2E p50/p99 s",
+             "mean gamma", "mean batch", "accept"], rows, self.out / "table.md", notes=notes)
+        self.plot()
+        common.write_json(self.out / "results.json", {"meta": self.meta, "ratios": ratios, "results": self.results,
+                                                      "steps": self.steps, "timelines": self.timelines})
+        return ratios
+
+    def plot(self) -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return
+        fig, axes = plt.subplots(4, 1, figsize=(12, 13), sharex=True)
+        t, rates = [], []
+        for p in self.phases:
+            t0 = t[-1] if t else 0.0
+            t += [t0, t0 + p.duration_s]
+            rates += [p.rate, p.rate]
+        axes[0].plot(t, rates, color="gray")
+        axes[0].set_ylabel("offered req/s")
+        axes[0].set_title("rate trace (Poisson arrivals)")
+        for pol, tl in self.timelines.items():
+            bins = tl["bins"]
+            style = {"lw": 2.2, "color": "black"} if pol == "nightjar" else {"lw": 1.0, "alpha": 0.8}
+            xs = [b[0] for b in bins]
+            axes[1].plot(xs, _smooth([b[2] for b in bins]), label=pol, **style)
+            if pol in ADAPTIVE:
+                axes[2].plot(xs, _smooth([b[1] for b in bins]), label=pol, **style)
+            if pol.startswith("nightjar") or pol in ("dsd", "oracle"):
+                ds = [(x, s) for x, s in tl["draft_state"] if s is not None]
+                if ds:
+                    axes[3].step([x for x, _ in ds], [s for _, s in ds], where="post", label=pol)
+        axes[1].set_ylabel("tokens/s (3 s mean)")
+        axes[2].set_ylabel("gamma (3 s mean)")
+        axes[3].set_ylabel("draft state")
+        axes[3].set_yticks(range(len(DRAFT_STATES)), DRAFT_STATES)
+        axes[3].set_xlabel("seconds since the trace started")
+        for ax in axes:
+            ax.grid(alpha=0.3)
+            for _, a, _b in self.windows[1:]:
+                ax.axvline(a, color="gray", lw=0.5, ls=":")
+        for ax in axes[1:4]:
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7, ncol=4)
+        fig.tight_layout()
+        fig.savefig(self.out / "dynamic.png", dpi=100)
+        plt.close(fig)
+
+
+def _smooth(ys: list[float], k: int = 3) -> list[float]:
+    return [sum(ys[max(0, i - k + 1): i + 1]) / len(ys[max(0, i - k + 1): i + 1]) for i in range(len(ys))]
+
+
+def fmt_ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def fmt_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    quick = common.is_quick()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR", "bundled") or "bundled")
+    ap.add_argument("--scale", type=float, default=None, help="trace duration factor (QUICK: 0.2 bundled, 0.25 qwen)")
+    ap.add_argument("--max-tokens", type=int, default=32 if quick else 96)
+    ap.add_argument("--policies", nargs="*", default=[*SERVER_A, *SERVER_B])
+    ap.add_argument("--profile", type=Path, default=None, help="CostProfile JSON for dsd/oracle instead of measuring")
+    ap.add_argument("--no-memory", dest="memory", action="store_false", help="server B without elastic memory")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    args.quick = quick
+    if args.scale is None:
+        args.scale = QUICK_SCALE[args.pair] if quick else 1.0
+    if args.out is None:
+        sub = "dynamic" if args.pair == "bundled" else f"dynamic-{args.pair}"
+        args.out = common.results_dir(sub) / ("quick" if quick else "")
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    bench = Bench(args)
+    steps_a = bench.server_a()
+    bench.server_b(bench.profile(steps_a))
+    bench.meta["wall_s"] = round(time.perf_counter() - t0, 1)
+    ratios = bench.report()
+    print(f"wrote {args.out}/table.md, dynamic.png, results.json (wall {bench.meta['wall_s']} s)")
+    common.print_result(**{k: (v if v is not None else float("nan")) for k, v in ratios.items()
+                           if k != "oracle_fraction"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""Pure logic of ``make bench-dynamic`` and ``make soak`` (no engine, no I/O besides nothing):
+rate traces, per-phase aggregation, the CostProfile / vLLM table / oracle gammas derived from the
+run's own step log, the RESULT ratios, and the RSS slope. Unit-tested in ``tests/bench``."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from nightjar_worker.engine.step_stats import StepStats
+from nightjar_worker.loadgen import Phase, RequestRecord, summarize
+from nightjar_worker.planner.dsd import invert_acceptance
+from nightjar_worker.sim.profile import CostProfile, expected_tokens
+from pydantic import BaseModel, ConfigDict, Field
+
+# --- rate traces -----------------------------------------------------------------------------------
+
+
+class TraceSpec(BaseModel):
+    """Offered load of one pair: Poisson rates (req/s) and in-flight caps for the low and high levels;
+    durations in seconds before ``scale``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    low_rate: float = Field(gt=0)
+    high_rate: float = Field(gt=0)
+    low_cap: int = Field(4, ge=1)
+    high_cap: int = Field(16, ge=1)
+    low_s: float = Field(60.0, gt=0)
+    high_s: float = Field(90.0, gt=0)
+    saw_teeth: int = Field(2, ge=1)
+    saw_levels: int = Field(3, ge=2, description="rate steps per tooth, low_rate .. high_rate geometrically")
+    saw_level_s: float = Field(20.0, gt=0)
+
+
+def step_trace(spec: TraceSpec, scale: float = 1.0) -> list[Phase]:
+    """low -> high -> low. A request still waiting for a slot when its phase ends is dropped, so a
+    saturated phase does not spill its queue into the next one."""
+    return [
+        Phase(spec.low_s * scale, spec.low_rate, spec.low_cap, name="low", drop_late=True),
+        Phase(spec.high_s * scale, spec.high_rate, spec.high_cap, name="high", drop_late=True),
+        Phase(spec.low_s * scale, spec.low_rate, spec.low_cap, name="low-again", drop_late=True),
+    ]
+
+
+def saw_rates(spec: TraceSpec) -> list[float]:
+    """One tooth: ``saw_levels`` rates rising geometrically from low_rate to high_rate."""
+    n = spec.saw_levels
+    return [spec.low_rate * (spec.high_rate / spec.low_rate) ** (i / (n - 1)) for i in range(n)]
+
+
+def sawtooth_trace(spec: TraceSpec, scale: float = 1.0) -> list[Phase]:
+    """``saw_teeth`` ramps low -> high, each dropping back at once; every level is named ``saw`` (one
+    phase for aggregation), the in-flight cap rises with the rate."""
+    out = []
+    rates = saw_rates(spec)
+    for _ in range(spec.saw_teeth):
+        for i, r in enumerate(rates):
+            cap = round(spec.low_cap + (spec.high_cap - spec.low_cap) * i / (len(rates) - 1))
+            out.append(Phase(spec.saw_level_s * scale, r, cap, name="saw", drop_late=True))
+    return out
+
+
+def dynamic_trace(spec: TraceSpec, scale: float = 1.0) -> list[Phase]:
+    return step_trace(spec, scale) + sawtooth_trace(spec, scale)
+
+
+def phase_names(phases: Sequence[Phase]) -> list[str]:
+    """Distinct names in order of first appearance."""
+    return list(dict.fromkeys(p.name for p in phases))
+
+
+def phase_windows(phases: Sequence[Phase]) -> list[tuple[str, float, float]]:
+    """(name, start_s, end_s) of every phase, relative to the run start."""
+    out, t = [], 0.0
+    for p in phases:
+        out.append((p.name, t, t + p.duration_s))
+        t += p.duration_s
+    return out
+
+
+def phase_of(t: float, windows: Sequence[tuple[str, float, float]]) -> str:
+    """Name of the phase containing ``t`` (after the last: ``drain``)."""
+    for name, a, b in windows:
+        if a <= t < b:
+            return name
+    return "drain" if windows and t >= windows[-1][2] else "before"
+
+
+# --- per-phase aggregation -------------------------------------------------------------------------
+
+
+def per_phase_summary(records: Sequence[RequestRecord], names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """loadgen.summarize per phase of arrival and ``overall`` (throughput over each group's own span)."""
+    out = {n: summarize([r for r in records if r.phase == n]).as_dict() for n in names}
+    out["overall"] = summarize(records).as_dict()
+    return out
+
+
+def step_phase_stats(
+    steps: Iterable[StepStats], unix0: float, windows: Sequence[tuple[str, float, float]]
+) -> dict[str, dict[str, float | None]]:
+    """Per phase (by step end time) and ``overall``: mean gamma, mean decoding batch, step count,
+    acceptance (accepted / drafted) from the worker's step log of one run starting at ``unix0``."""
+    acc: dict[str, list[StepStats]] = defaultdict(list)
+    end = windows[-1][2] if windows else 0.0
+    for s in steps:
+        t = s.time - unix0
+        if t < 0:
+            continue
+        acc["overall"].append(s)
+        if t < end:
+            acc[phase_of(t, windows)].append(s)
+    out: dict[str, dict[str, float | None]] = {}
+    for name in [*dict.fromkeys(w[0] for w in windows), "overall"]:
+        ss = acc.get(name, [])
+        drafted = sum(s.num_draft_tokens for s in ss)
+        out[name] = {
+            "steps": float(len(ss)),
+            "mean_gamma": statistics.fmean(s.gamma for s in ss) if ss else None,
+            "mean_batch": statistics.fmean(s.batch_size for s in ss) if ss else None,
+            "acceptance": sum(s.num_accepted_tokens for s in ss) / drafted if drafted else None,
+        }
+    return out
+
+
+def steps_between(steps: Iterable[StepStats], unix0: float, unix1: float) -> list[StepStats]:
+    return [s for s in steps if unix0 <= s.time < unix1]
+
+
+def binned(
+    steps: Sequence[StepStats], unix0: float, bin_s: float = 1.0
+) -> list[tuple[float, float, float]]:
+    """(bin start s, mean gamma, tokens/s) per ``bin_s`` bin of the step log (empty bins skipped)."""
+    bins: dict[int, list[StepStats]] = defaultdict(list)
+    for s in steps:
+        if s.time >= unix0:
+            bins[int((s.time - unix0) // bin_s)].append(s)
+    return [
+        (k * bin_s, statistics.fmean(s.gamma for s in v), sum(s.tokens_emitted for s in v) / bin_s)
+        for k, v in sorted(bins.items())
+    ]
+
+
+# --- what the run's own step log says about the cost surface ----------------------------------------
+
+
+def _decode_steps(steps: Iterable[StepStats]) -> list[StepStats]:
+    """Pure decode steps (no prefill tokens in the step): the cost surface the planner trades on."""
+    return [s for s in steps if s.num_prefill_tokens == 0 and s.batch_size >= 1 and s.step_time_s > 0]
+
+
+def cell_times(steps: Iterable[StepStats]) -> dict[tuple[int, int], list[float]]:
+    """{(batch, gamma): [step seconds]} over pure decode steps."""
+    out: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for s in _decode_steps(steps):
+        out[(s.batch_size, s.gamma)].append(s.step_time_s)
+    return out
+
+
+def acceptance_alpha(steps: Iterable[StepStats]) -> float | None:
+    """Per-token acceptance of the geometric model, from the largest gamma's decode steps: mean
+    accepted drafts per request-step inverted (the planner's own inversion)."""
+    by_g: dict[int, list[StepStats]] = defaultdict(list)
+    for s in steps:
+        if s.gamma > 0 and s.num_draft_tokens > 0:
+            by_g[s.gamma].append(s)
+    if not by_g:
+        return None
+    g = max(by_g)
+    drafted = sum(s.num_draft_tokens for s in by_g[g])
+    accepted = sum(s.num_accepted_tokens for s in by_g[g])
+    return invert_acceptance(accepted / (drafted / g), g)
+
+
+def profile_from_steps(
+    steps: Sequence[StepStats],
+    gammas: Sequence[int],
+    *,
+    name: str,
+    device: str,
+    target: str,
+    draft: str,
+    kv_blocks_total: int,
+    kv_block_bytes: int,
+    draft_weight_bytes: int = 0,
+    block_tokens: int = 16,
+    min_steps: int = 3,
+) -> CostProfile:
+    """A CostProfile from step logs of runs covering every gamma (no-SD + static-k): median step time
+    per (batch, gamma) at every batch size observed at least ``min_steps`` times under every gamma;
+    acceptance from the largest gamma; C_switch fitted on the catch-up steps. Raises ValueError when
+    no batch size has every gamma."""
+    from nightjar_worker.profiler import fit_switch_cost
+
+    cells = cell_times(steps)
+    gs = sorted(set(gammas))
+    batches = sorted({b for b, _ in cells})
+    rows = [(b, [statistics.median(cells[(b, g)]) for g in gs])
+            for b in batches if all(len(cells.get((b, g), [])) >= min_steps for g in gs)]
+    if not rows:
+        raise ValueError(f"no batch size has >= {min_steps} pure decode steps under every gamma {gs}")
+    alpha = acceptance_alpha(steps)
+    fixed, per_tok = fit_switch_cost([(s.catchup_tokens, s.catchup_s) for s in steps if s.catchup_s > 0])
+    return CostProfile(
+        name=name, device=device, target=target, draft=draft, block_tokens=block_tokens,
+        kv_blocks_total=max(1, kv_blocks_total), kv_block_bytes=max(1, kv_block_bytes),
+        draft_weight_bytes=draft_weight_bytes, max_batch=rows[-1][0],
+        batch_sizes=[b for b, _ in rows], gammas=gs, step_time_s=[r for _, r in rows],
+        acceptance={"all": min(1.0, max(0.0, alpha if alpha is not None else 0.0))},
+        switch_cost_fixed_s=fixed, switch_cost_per_token_s=per_tok,
+    )
+
+
+def best_gamma_per_batch(steps: Iterable[StepStats], min_steps: int = 3) -> dict[int, int]:
+    """The offline sweep vLLM's Dynamic SD docs suggest, per batch size: the gamma whose decode steps
+    produced the most tokens per second (ratio of sums; gamma 0 = no-SD). Only batch sizes where at
+    least two gammas have ``min_steps`` steps."""
+    tok: dict[tuple[int, int], float] = defaultdict(float)
+    sec: dict[tuple[int, int], float] = defaultdict(float)
+    n: dict[tuple[int, int], int] = defaultdict(int)
+    for s in _decode_steps(steps):
+        key = (s.batch_size, s.gamma)
+        tok[key] += s.tokens_emitted
+        sec[key] += s.step_time_s
+        n[key] += 1
+    out = {}
+    for b in sorted({b for b, _ in n}):
+        cands = {g: tok[(bb, g)] / sec[(bb, g)] for (bb, g) in n if bb == b and n[(bb, g)] >= min_steps}
+        if len(cands) >= 2:
+            out[b] = max(sorted(cands), key=cands.__getitem__)
+    return out
+
+
+def table_from_best(best: Mapping[int, int], max_batch: int = 1024) -> list[list[int]]:
+    """vLLM's ``[[start, end, k], ...]`` from {batch: best k}: each measured batch size owns the range
+    up to the next one; equal neighbours merged; the first range starts at 1 (default k 0 if empty)."""
+    if not best:
+        return [[1, max_batch, 0]]
+    items = sorted(best.items())
+    rows: list[list[int]] = []
+    for i, (b, k) in enumerate(items):
+        start = 1 if i == 0 else b
+        end = items[i + 1][0] - 1 if i + 1 < len(items) else max_batch
+        if rows and rows[-1][2] == k:
+            rows[-1][1] = end
+        else:
+            rows.append([start, end, k])
+    return rows
+
+
+def oracle_gammas(profile: CostProfile, batches: Iterable[int]) -> dict[int, int]:
+    """Per batch size the gamma with the least expected seconds per token under the profile (what the
+    planner's oracle plays, switching cost aside)."""
+    a = profile.alpha()
+    return {b: min(profile.gammas, key=lambda g: profile.step_time(b, g) / (b * expected_tokens(g, a)))
+            for b in batches}
+
+
+# --- verdicts --------------------------------------------------------------------------------------
+
+
+def _tput(res: Mapping[str, Mapping[str, Any]], pol: str, phase: str) -> float:
+    return float(res[pol][phase]["output_tok_s"])
+
+
+def dynamic_ratios(
+    results: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    phases: Sequence[str],
+    adaptive: str = "nightjar",
+    statics: Sequence[str] = ("nosd", "static-1", "static-2", "static-3", "static-4"),
+    oracle: str = "oracle",
+) -> dict[str, float | None]:
+    """The RESULT figures. ``results[policy][phase | 'overall']`` holds loadgen summaries. "Best
+    static" is taken over every fixed gamma in the run, no-SD (gamma 0) included, per phase."""
+    st = [p for p in statics if p in results]
+    out: dict[str, float | None] = dict.fromkeys(
+        ("worst_phase_vs_best_static", "overall_vs_nosd", "overall_vs_best_static",
+         "p99_tpot_vs_best_static", "oracle_fraction"))
+    if adaptive not in results:
+        return out
+    if st:
+        per = [_tput(results, adaptive, ph) / max(_tput(results, p, ph) for p in st) for ph in phases
+               if max(_tput(results, p, ph) for p in st) > 0]
+        out["worst_phase_vs_best_static"] = min(per) if per else None
+        best = max(_tput(results, p, "overall") for p in st)
+        out["overall_vs_best_static"] = _tput(results, adaptive, "overall") / best if best > 0 else None
+        tp = [results[p]["overall"]["tpot_p99_s"] for p in st if results[p]["overall"]["tpot_p99_s"]]
+        mine = results[adaptive]["overall"]["tpot_p99_s"]
+        out["p99_tpot_vs_best_static"] = mine / min(tp) if tp and mine else None
+    if "nosd" in results and _tput(results, "nosd", "overall") > 0:
+        out["overall_vs_nosd"] = _tput(results, adaptive, "overall") / _tput(results, "nosd", "overall")
+    if oracle in results and _tput(results, oracle, "overall") > 0:
+        out["oracle_fraction"] = _tput(results, adaptive, "overall") / _tput(results, oracle, "overall")
+    return out
+
+
+def slope_per_hour(samples: Sequence[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, value) in value units per hour (None under 3 samples)."""
+    if len(samples) < 3:
+        return None
+    n = len(samples)
+    mx = sum(t for t, _ in samples) / n
+    my = sum(v for _, v in samples) / n
+    sxx = sum((t - mx) ** 2 for t, _ in samples)
+    if sxx == 0:
+        return None
+    return sum((t - mx) * (v - my) for t, v in samples) / sxx * 3600.0
+
+
+def compare_texts(got: Mapping[int, Sequence[str]], ref: Mapping[int, str]) -> dict[str, Any]:
+    """Soak verdict: every response for prompt ``qid`` against the plain-decoding reference text.
+    ``missing_ref`` counts responses whose prompt has no reference (not compared)."""
+    diff, same, missing = [], 0, 0
+    for qid, texts in got.items():
+        if qid not in ref:
+            missing += len(texts)
+            continue
+        for t in texts:
+            if t == ref[qid]:
+                same += 1
+            else:
+                diff.append(qid)
+    return {"same": same, "different": len(diff), "different_qids": sorted(set(diff)), "missing_ref": missing}

@@ -1,0 +1,160 @@
+"""Helpers shared by the benchmarks that drive the real worker (bench-serve, bench-dynamic, soak):
+CPU engine environment, model pairs, switching the planner policy of a running server through the
+admin endpoint, and samplers for ``/metrics`` and worker RSS. Imports no vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nightjar_worker import loadgen
+
+ADMIN_TOKEN = "bench-serve"
+PAIRS = ("bundled", "qwen")
+
+
+def set_cpu_env() -> None:
+    """vLLM's CPU backend pins every engine to the same core ("auto" binding): on a small shared machine
+    the benchmarks let the OS place the (single-threaded) engine instead, unless the caller chose."""
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pair_dirs(pair: str) -> tuple[Path, Path]:
+    """(target, draft) directories of ``bundled`` (make models) or ``qwen`` (make models-qwen)."""
+    from nightjar_worker.models import bundled_pair, qwen_pair
+
+    if pair not in PAIRS:
+        raise ValueError(f"PAIR: expected one of {PAIRS}, got {pair!r}")
+    t, d = bundled_pair() if pair == "bundled" else qwen_pair()
+    for p, what in ((t, "target"), (d, "draft")):
+        if not (Path(p) / "config.json").is_file():
+            hint = "make models" if pair == "bundled" else "make models-qwen"
+            raise SystemExit(f"PAIR={pair}: {what} {p} missing (run `{hint}`)")
+    return Path(t), Path(d)
+
+
+def pair_args(pair: str) -> list[str]:
+    """``nightjar-worker serve`` arguments selecting the pair."""
+    t, d = pair_dirs(pair)
+    return ["--model", str(t), "--draft", str(d)]
+
+
+def switch_body(name: str, table: list[list[int]] | None = None) -> dict:
+    """Runtime-config body selecting the planner policy that reproduces baseline ``name``."""
+    if name.startswith("static-"):
+        return {"planner": {"policy": "static", "static_gamma": int(name.split("-")[1])}}
+    if name == "vllm-table":
+        assert table is not None
+        return {"planner": {"policy": "table", "gamma_table": {str(a): k for a, _, k in table}}}
+    if name in ("nosd", "nightjar", "ucb", "dsd", "oracle"):
+        # nosd: gamma 0 every step (the runner skips the draft entirely); dsd/oracle need the server's
+        # CostProfile (NIGHTJAR_PROFILE at start-up)
+        return {"planner": {"policy": name}}
+    raise ValueError(f"policy: {name!r} cannot be switched at run time")
+
+
+def switch_policy(url: str, name: str, table: list[list[int]] | None = None) -> None:
+    """POST the policy to the admin endpoint; returns once the engine reports it applied."""
+    import httpx
+
+    r = httpx.post(url + "/nightjar/v1/config", json=switch_body(name, table),
+                   headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
+    if r.status_code != 200 or r.json().get("status") != "applied":
+        raise RuntimeError(f"switching to {name} failed: {r.status_code} {r.text}")
+
+
+# --- /metrics sampling -----------------------------------------------------------------------------
+
+
+@dataclass
+class MetricTick:
+    t: float  # seconds since the sampler's t0 (perf_counter based)
+    unix: float
+    gamma_now: float | None
+    draft_state: float | None  # nightjar_draft_state: 0 resident .. 4 draining (None: not exported)
+    running: float
+    gen_tokens: float  # vllm:generation_tokens_total (cumulative)
+
+
+async def sample_metrics(url: str, t0: float, stop: asyncio.Event, out: list[MetricTick], period_s: float = 1.0) -> None:
+    """Append a MetricTick every ``period_s`` until ``stop`` is set (scrape errors skip a tick)."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=10) as http:
+        while not stop.is_set():
+            try:
+                m = await loadgen.scrape(http, url)
+                has_state = any(k[0] == "nightjar_draft_state" for k in m)
+                has_gamma = any(k[0] == "nightjar_gamma_current" for k in m)
+                out.append(MetricTick(
+                    t=time.perf_counter() - t0,
+                    unix=time.time(),
+                    gamma_now=loadgen.metric_sum(m, "nightjar_gamma_current") if has_gamma else None,
+                    draft_state=loadgen.metric_sum(m, "nightjar_draft_state") if has_state else None,
+                    running=loadgen.metric_sum(m, "vllm:num_requests_running"),
+                    gen_tokens=loadgen.metric_sum(m, "vllm:generation_tokens_total"),
+                ))
+            except Exception:  # noqa: BLE001 - a missed scrape is a gap in the timeline, not a failure
+                pass
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=period_s)
+            except TimeoutError:
+                pass
+
+
+# --- worker RSS -------------------------------------------------------------------------------------
+
+
+def group_rss_bytes(pgid: int) -> int:
+    """Summed VmRSS of every process in process group ``pgid`` (the API server and its EngineCore)."""
+    total = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # field 5 of stat: pgrp
+                continue
+            with open(f"/proc/{d}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+class GroupRssSampler(threading.Thread):
+    """Samples ``group_rss_bytes`` every ``period_s`` into ``samples`` as (monotonic s, bytes)."""
+
+    def __init__(self, pgid: int, period_s: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.pgid, self.period_s = pgid, period_s
+        self.samples: list[tuple[float, int]] = []
+        self._stop_ev = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_ev.is_set():
+            rss = group_rss_bytes(self.pgid)
+            if rss:
+                self.samples.append((time.monotonic(), rss))
+            self._stop_ev.wait(self.period_s)
+
+    def stop(self) -> list[tuple[float, int]]:
+        self._stop_ev.set()
+        self.join(timeout=5)
+        return self.samples
+
+
+def openai_client(url: str) -> Any:
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=url + "/v1", api_key="x", timeout=600, max_retries=0)

@@ -1,0 +1,175 @@
+"""``make soak``: a bounded soak of the real worker at temperature 0, every response checked.
+
+One Nightjar-scheduler server (K=4, loopback). For ``--seconds`` (``SOAK_S``, default 1200; QUICK: 120)
+Poisson arrivals alternate low and high rates (``bench_dynamic``'s trace for the pair, cycled), with the
+planner policy rotating through ``nightjar``, ``static-4``, ``ucb`` and ``static-2`` so speculative,
+non-speculative and switching steps (draft KV catch-up) all occur. Prompts come from a fixed pool of
+Spec-Bench prompts (every category) so each is answered many times under different batch shapes.
+
+Reference: afterwards the *same server* is switched to the planner's ``nosd`` policy (gamma 0 every
+step: the runner skips the draft; plain autoregressive decoding) and every pool prompt is decoded once,
+alone (concurrency 1). Every soak response must equal its prompt's reference text. A response that
+differs is decoded again alone under ``static-4``: if that equals the reference, speculation is exact
+at batch 1 and the difference came from the batch shape (vLLM's CPU bf16 GEMMs are not batch-invariant:
+a near-tie can flip under another batch); both counts are reported.
+
+Lost = requests that errored or returned no tokens. RSS of the server's process group (API server +
+EngineCore) is sampled every 2 s; its least-squares slope over the soak after the first 10% is reported.
+Writes ``benchmarks/results/soak[/quick]/{soak.md,results.json}``. Last line:
+``RESULT soak_s=.. requests=.. lost=.. different=.. rss_slope_mib_per_h=..``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+from nightjar_worker import loadgen
+from nightjar_worker.serve import ServerProcess
+
+from benchmarks import common, dynamic_lib
+from benchmarks.bench_dynamic import TRACES
+from benchmarks.serving import (
+    ADMIN_TOKEN,
+    GroupRssSampler,
+    openai_client,
+    pair_args,
+    set_cpu_env,
+    switch_policy,
+)
+
+set_cpu_env()
+
+ROTATION = ("nightjar", "static-4", "ucb", "static-2")
+
+
+def soak_phases(spec: dynamic_lib.TraceSpec, segment_s: float) -> list[loadgen.Phase]:
+    """One segment: half at the low rate, half at the high rate (in-flight caps as in the trace)."""
+    return [loadgen.Phase(segment_s / 2, spec.low_rate, spec.low_cap, name="low"),
+            loadgen.Phase(segment_s / 2, spec.high_rate, spec.high_cap, name="high")]
+
+
+async def decode_alone(url: str, model: str, prompts, max_tokens: int) -> list[loadgen.RequestRecord]:
+    client = openai_client(url)
+    recs = await loadgen.run_closed_loop(client, model, prompts, 1, len(prompts), max_tokens=max_tokens)
+    await client.close()
+    return recs
+
+
+async def soak_segment(url: str, model: str, prompts, phases, max_tokens: int, seed: int):
+    client = openai_client(url)
+    recs = await loadgen.run_load(client, model, prompts, phases, max_tokens=max_tokens, temperature=0.0, seed=seed)
+    await client.close()
+    return recs
+
+
+def main(argv: list[str] | None = None) -> int:
+    quick = common.is_quick()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR", "bundled") or "bundled")
+    ap.add_argument("--seconds", type=float, default=120.0 if quick else float(os.environ.get("SOAK_S", "1200")))
+    ap.add_argument("--segment-s", type=float, default=30.0, help="policy rotation period")
+    ap.add_argument("--pool", type=int, default=24, help="distinct prompts")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    out = args.out or (common.results_dir("soak") / ("quick" if quick else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    spec = TRACES[args.pair]
+    pool = loadgen.mixed_prompts(loadgen.load_prompts(), args.pool, seed=5)
+    # the arrival index picks the prompt (i % len): a longer list cycling the pool in shuffled order
+    order = loadgen.mixed_prompts(pool, 4 * args.pool, seed=9)
+
+    srv = ServerProcess([*pair_args(args.pair), "--scheduler", "nightjar"], env={"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN},
+                        log_path=out / "server.log")
+    t_start = time.perf_counter()
+    srv.start()
+    print(f"[soak] server ready in {time.perf_counter() - t_start:.0f} s", flush=True)
+    assert srv.proc is not None
+    rss = GroupRssSampler(os.getpgid(srv.proc.pid))
+    records: list[loadgen.RequestRecord] = []
+    policy_of: list[str] = []
+    try:
+        model = srv.model_name()
+        asyncio.run(decode_alone(srv.url, model, pool[:2], 8))  # warm-up, not checked
+        rss.start()
+        t0 = time.perf_counter()
+        seg = 0
+        while time.perf_counter() - t0 < args.seconds:
+            pol = ROTATION[seg % len(ROTATION)]
+            switch_policy(srv.url, pol)
+            left = args.seconds - (time.perf_counter() - t0)
+            recs = asyncio.run(soak_segment(srv.url, model, order, soak_phases(spec, min(args.segment_s, max(left, 2.0))),
+                                            args.max_tokens, seed=100 + seg))
+            records += recs
+            policy_of += [pol] * len(recs)
+            print(f"  t={time.perf_counter() - t0:6.0f}s {pol:<9s} {len(recs)} requests, "
+                  f"{sum(r.error is not None for r in recs)} errors", flush=True)
+            seg += 1
+        soak_s = time.perf_counter() - t0
+        samples = rss.stop()
+        # reference: plain decoding (planner nosd: no draft forward), each prompt alone
+        switch_policy(srv.url, "nosd")
+        ref_recs = asyncio.run(decode_alone(srv.url, model, pool, args.max_tokens))
+        ref = {p.qid: r.text for p, r in zip(pool, ref_recs, strict=True) if r.error is None}
+        got: dict[int, list[str]] = {}
+        lost = 0
+        for r in records:
+            if r.dropped:
+                continue
+            if r.error is not None or r.output_tokens == 0:
+                lost += 1
+                continue
+            got.setdefault(r.qid, []).append(r.text)
+        verdict = dynamic_lib.compare_texts(got, ref)
+        # a differing prompt decoded alone with speculation: exact at batch 1?
+        by_qid = {p.qid: p for p in pool}
+        recheck = {}
+        if verdict["different_qids"]:
+            switch_policy(srv.url, "static-4")
+            again = asyncio.run(decode_alone(srv.url, model, [by_qid[q] for q in verdict["different_qids"]],
+                                             args.max_tokens))
+            recheck = {q: r.text == ref.get(q) for q, r in zip(verdict["different_qids"], again, strict=True)}
+    finally:
+        if rss.is_alive():
+            rss.stop()
+        srv.stop()
+
+    t_first = samples[0][0] if samples else 0.0
+    pts = [(t - t_first, b / 2**20) for t, b in samples]
+    steady = [p for p in pts if p[0] >= 0.1 * soak_s]
+    slope = dynamic_lib.slope_per_hour(steady)
+    n = sum(1 for r in records if not r.dropped)
+    rows = [
+        ["soak seconds", round(soak_s, 1)],
+        ["requests (not dropped)", n],
+        ["dropped (waited past their phase)", sum(r.dropped for r in records)],
+        ["lost (error or no tokens)", lost],
+        ["compared with the nosd reference", verdict["same"] + verdict["different"]],
+        ["different", verdict["different"]],
+        ["differing prompts exact when decoded alone with static-4", f"{sum(recheck.values())}/{len(recheck)}"],
+        ["responses per policy", ", ".join(f"{p} {policy_of.count(p)}" for p in ROTATION)],
+        ["RSS first / last MiB", f"{pts[0][1]:.0f} / {pts[-1][1]:.0f}" if pts else "-"],
+        ["RSS slope MiB/h (after the first 10%)", round(slope, 1) if slope is not None else "-"],
+    ]
+    common.print_table(
+        f"soak ({args.pair} pair{', QUICK' if quick else ''}, temperature 0, reference: same server, planner "
+        f"policy nosd, each prompt alone)", ["what", "value"], rows, out / "soak.md",
+        notes="A difference that is exact when the prompt is decoded alone with speculation comes from the batch "
+              "shape (CPU bf16 GEMMs are not batch-invariant), not from speculation.")
+    common.write_json(out / "results.json", {
+        "soak_s": soak_s, "requests": n, "lost": lost, "verdict": verdict, "recheck_alone_static4": recheck,
+        "rss_mib": pts, "rss_slope_mib_per_h": slope, "pair": args.pair, "quick": quick,
+        "texts": {str(q): t for q, t in ref.items()},
+    })
+    common.print_result(soak_s=round(soak_s), requests=n, lost=lost, different=verdict["different"],
+                        rss_slope_mib_per_h=round(slope, 1) if slope is not None else float("nan"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Pure logic of bench-dynamic and soak: rate traces, per-phase aggregation, the profile/table/oracle
+derived from a step log, the RESULT ratios, the RSS slope, the soak comparison."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from nightjar_worker.engine.step_stats import StepStats
+from nightjar_worker.loadgen import RequestRecord, arrival_times
+
+from benchmarks import dynamic_lib as dl
+
+SPEC = dl.TraceSpec(low_rate=0.5, high_rate=8.0, low_cap=2, high_cap=16, low_s=10, high_s=20, saw_teeth=2,
+                    saw_levels=3, saw_level_s=5)
+
+
+def test_trace_shapes_low_high_low_then_sawtooth():
+    ph = dl.dynamic_trace(SPEC, scale=2.0)
+    assert [p.name for p in ph[:3]] == ["low", "high", "low-again"]
+    assert [p.rate for p in ph[:3]] == [0.5, 8.0, 0.5]
+    saw = ph[3:]
+    assert len(saw) == 6 and {p.name for p in saw} == {"saw"}
+    rates = [p.rate for p in saw]
+    assert rates[:3] == rates[3:] and rates[0] == pytest.approx(0.5) and rates[2] == pytest.approx(8.0)
+    assert rates[0] < rates[1] < rates[2]  # each tooth rises, then drops back
+    assert rates[1] == pytest.approx(2.0)  # geometric middle
+    assert [p.max_concurrency for p in saw[:3]] == [2, 9, 16]
+    assert all(p.drop_late for p in ph)
+    assert sum(p.duration_s for p in ph) == pytest.approx(2 * (10 + 20 + 10 + 30))
+    assert dl.phase_names(ph) == ["low", "high", "low-again", "saw"]
+
+
+def test_arrivals_follow_the_trace():
+    ph = dl.dynamic_trace(SPEC, scale=20.0)
+    w = dl.phase_windows(ph)
+    arr = arrival_times(ph, seed=1)
+    n_high = sum(1 for _, p in arr if p.name == "high")
+    n_low = sum(1 for _, p in arr if p.name == "low")
+    assert n_high == pytest.approx(8.0 * 400, rel=0.1) and n_low == pytest.approx(0.5 * 200, rel=0.3)
+    assert all(dl.phase_of(t, w) == p.name for t, p in arr)
+
+
+def test_phase_of_edges():
+    w = dl.phase_windows(dl.step_trace(SPEC))
+    assert dl.phase_of(0.0, w) == "low" and dl.phase_of(10.0, w) == "high" and dl.phase_of(39.99, w) == "low-again"
+    assert dl.phase_of(40.0, w) == "drain" and dl.phase_of(-1, w) == "before"
+
+
+def rec(i: int, phase: str, start: float, e2e: float, toks: int, err: str | None = None) -> RequestRecord:
+    return RequestRecord(i, i, "c", phase, start_s=start, ttft_s=0.1, e2e_s=e2e, output_tokens=toks, error=err)
+
+
+def test_per_phase_summary_groups_by_arrival_phase():
+    recs = [rec(0, "low", 0, 1.0, 10), rec(1, "low", 1, 1.0, 10), rec(2, "high", 5, 2.0, 40),
+            rec(3, "high", 5, 2.0, 0, err="boom")]
+    s = dl.per_phase_summary(recs, ["low", "high", "saw"])
+    assert s["low"]["output_tok_s"] == pytest.approx(20 / 2.0)
+    assert s["high"]["output_tok_s"] == pytest.approx(40 / 2.0) and s["high"]["errors"] == 1
+    assert s["saw"]["requests"] == 0 and s["saw"]["output_tok_s"] == 0
+    assert s["overall"]["output_tokens"] == 60 and s["overall"]["output_tok_s"] == pytest.approx(60 / 7.0)
+
+
+def step(t: float, b: int, g: int, dt: float, toks: int, acc: int = 0, prefill: int = 0, **kw) -> StepStats:
+    return StepStats(step=0, batch_size=b, num_reqs=b, gamma=g, step_time_s=dt, tokens_emitted=toks,
+                     num_draft_tokens=g * b, num_accepted_tokens=acc, num_prefill_tokens=prefill, time=t, **kw)
+
+
+def test_step_phase_stats_per_window():
+    w = [("low", 0.0, 10.0), ("high", 10.0, 20.0), ("saw", 20.0, 25.0), ("saw", 25.0, 30.0)]
+    steps = [step(100 + 1, 1, 4, 0.1, 1, acc=0), step(100 + 12, 8, 0, 0.2, 8), step(100 + 14, 8, 2, 0.2, 8, acc=8),
+             step(100 + 27, 2, 1, 0.1, 2), step(99, 1, 3, 0.1, 1), step(100 + 40, 1, 2, 0.1, 1)]
+    s = dl.step_phase_stats(steps, 100.0, w)
+    assert s["low"]["mean_gamma"] == 4 and s["low"]["acceptance"] == 0
+    assert s["high"]["mean_gamma"] == 1 and s["high"]["mean_batch"] == 8 and s["high"]["acceptance"] == 0.5
+    assert s["saw"]["steps"] == 1
+    assert s["overall"]["steps"] == 5  # the step before the start is not counted, the drain one is
+
+
+def test_binned_timeline():
+    steps = [step(10.2, 1, 4, 0.1, 3), step(10.7, 1, 2, 0.1, 1), step(12.5, 1, 0, 0.1, 1)]
+    assert dl.binned(steps, 10.0) == [(0.0, 3.0, 4.0), (2.0, 0.0, 1.0)]
+
+
+def sweep_steps() -> list[StepStats]:
+    """Synthetic no-SD + static sweep: T(b, g) = 0.01 * b + 0.004 * g, alpha = 0.5; speculation pays at
+    batch 1 and not at batch 8."""
+    out, t = [], 0.0
+    a = 0.5
+    for g in range(5):
+        for b in (1, 8):
+            for _ in range(4):
+                t += 1
+                dt = 0.01 + 0.003 * b + (0.006 * g if b == 1 else 0.02 * g)
+                acc_per_req = sum(a**i for i in range(1, g + 1))
+                out.append(step(t, b, g, dt, round(b * (1 + acc_per_req)), acc=round(b * acc_per_req)))
+    out.append(step(t + 1, 4, 2, 9.9, 4, prefill=100))  # prefill steps are ignored
+    out.append(step(t + 2, 1, 2, 0.05, 2, catchup_s=0.02, catchup_tokens=10))
+    out.append(step(t + 3, 1, 2, 0.05, 2, catchup_s=0.04, catchup_tokens=30))
+    return out
+
+
+def test_profile_from_steps_and_oracle():
+    prof = dl.profile_from_steps(sweep_steps(), [0, 1, 2, 3, 4], name="t", device="cpu", target="x", draft="y",
+                                 kv_blocks_total=100, kv_block_bytes=1000)
+    assert prof.batch_sizes == [1, 8] and prof.gammas == [0, 1, 2, 3, 4]
+    assert prof.step_time(1, 0) == pytest.approx(0.013) and prof.step_time(8, 4) == pytest.approx(0.034 + 0.08)
+    assert 0.3 < prof.alpha() < 0.7  # rounding of the synthetic counts
+    assert prof.switch_cost_per_token_s == pytest.approx(0.001) and prof.switch_cost_fixed_s == pytest.approx(0.01)
+    og = dl.oracle_gammas(prof, [1, 8])
+    assert og[1] > 0 and og[8] == 0
+
+
+def test_profile_needs_every_gamma():
+    steps = [s for s in sweep_steps() if s.gamma != 3]
+    with pytest.raises(ValueError, match="every gamma"):
+        dl.profile_from_steps(steps, [0, 1, 2, 3, 4], name="t", device="c", target="x", draft="y",
+                              kv_blocks_total=1, kv_block_bytes=1)
+
+
+def test_tuned_table_from_the_sweep():
+    best = dl.best_gamma_per_batch(sweep_steps())
+    assert best[8] == 0 and best[1] > 0
+    assert dl.table_from_best(best) == [[1, 7, best[1]], [8, 1024, 0]]
+    assert dl.table_from_best({1: 2, 4: 2, 16: 0}) == [[1, 15, 2], [16, 1024, 0]]
+    assert dl.table_from_best({}) == [[1, 1024, 0]]
+
+
+def summ(tok_s: float, tpot_p99: float = 0.05) -> dict:
+    return {"output_tok_s": tok_s, "tpot_p99_s": tpot_p99}
+
+
+def test_dynamic_ratios():
+    phases = ["low", "high"]
+    res = {
+        "nosd": {"low": summ(10), "high": summ(100), "overall": summ(40, 0.06)},
+        "static-2": {"low": summ(20), "high": summ(80), "overall": summ(45, 0.04)},
+        "nightjar": {"low": summ(19), "high": summ(99), "overall": summ(50, 0.05)},
+        "oracle": {"low": summ(20), "high": summ(100), "overall": summ(52)},
+    }
+    r = dl.dynamic_ratios(res, phases)
+    assert r["worst_phase_vs_best_static"] == pytest.approx(0.95)  # low: 19 / 20 (high: 99 / 100)
+    assert r["overall_vs_nosd"] == pytest.approx(50 / 40)
+    assert r["overall_vs_best_static"] == pytest.approx(50 / 45)
+    assert r["p99_tpot_vs_best_static"] == pytest.approx(0.05 / 0.04)
+    assert r["oracle_fraction"] == pytest.approx(50 / 52)
+    assert dl.dynamic_ratios({"nosd": res["nosd"]}, phases)["overall_vs_nosd"] is None
+
+
+def test_slope_per_hour():
+    pts = [(t, 100.0 + 0.01 * t) for t in range(0, 600, 2)]
+    assert dl.slope_per_hour(pts) == pytest.approx(36.0)
+    assert dl.slope_per_hour([(0, 1.0), (1, 2.0)]) is None
+    assert math.isclose(dl.slope_per_hour([(t, 5.0) for t in range(10)]), 0.0, abs_tol=1e-12)
+
+
+def test_compare_texts():
+    v = dl.compare_texts({1: ["a", "a"], 2: ["b", "x"], 3: ["c"]}, {1: "a", 2: "b"})
+    assert v == {"same": 3, "different": 1, "different_qids": [2], "missing_ref": 1}
