@@ -4,6 +4,9 @@ For each cost profile (the analytic H100/7B roofline; ``PROFILE=<path>`` to choo
 ``benchmarks/profiles/cpu-*.json`` measured by the engine is run too) and each load (low, mid, high,
 saturated, and a low->high->low dynamic trace), every policy serves the same requests (same arrival,
 length and noise seeds). Loads are fractions of the oracle's saturated capacity, measured first.
+Each cell is the mean over ``SEEDS`` independent traces (common random numbers across policies): a
+single trace carries about +-0.3 % of noise into a throughput ratio, and a minimum over loads of
+single-trace ratios is biased low by it. The per-seed spread of the headline ratio is printed too.
 
 Printed: a table (rows: policies; cells: throughput and mean per-token latency, both with their
 ratio to the oracle), an ablation of Nightjar's extensions, the regret-vs-steps curves (PNG, fitted
@@ -50,6 +53,8 @@ ABLATIONS = {
     "- prefill correction": {"prefill_correction": False},
 }
 LOADS = ("low", "mid", "high", "saturated", "dynamic")
+SEEDS = (2, 5)  # traces per cell (quick, full)
+MEAN_KEYS = ("throughput", "delivered", "latency", "tpot", "steps", "switches", "preemptions", "requests", "wall_s")
 
 
 def policy_specs() -> dict[str, dict]:
@@ -213,14 +218,21 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
     abl = {k: {"policy": "nightjar", **v} for k, v in ABLATIONS.items() if k not in ("nightjar", "paper (all off)")}
     if quick:
         abl = {}
+    seeds = range(1, 1 + SEEDS[0 if quick else 1])
     tasks = []
     for load in LOADS:
         trace, warm = load_trace(load, cap, quick)
         for name, spec in {**specs, **abl}.items():
-            tasks.append((load, (profile_path, name, spec, trace, warm, 1)))
-    results: dict[str, dict[str, dict]] = {load: {} for load in LOADS}
+            for seed in seeds:
+                tasks.append((load, (profile_path, name, spec, trace, warm, seed)))
+    per_seed: dict[str, dict[str, list[dict]]] = {load: {} for load in LOADS}
     for (load, _), r in zip(tasks, pool.map(run_one, [t for _, t in tasks]), strict=True):
-        results[load][r["policy"]] = r
+        per_seed[load].setdefault(r["policy"], []).append(r)
+    results = {
+        load: {name: {k: statistics.fmean(r[k] for r in rs) for k in MEAN_KEYS} | {"policy": name, "seeds": rs}
+               for name, rs in by_policy.items()}
+        for load, by_policy in per_seed.items()
+    }
 
     def cell(load: str, name: str) -> str:
         r, o = results[load][name], results[load]["oracle"]
@@ -232,7 +244,7 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
     print_table(
         f"Planner vs baselines ({tag}): throughput tok/s (x oracle) / mean per-token latency ms (x oracle)",
         headers, rows, out / f"table-{tag}.md",
-        notes=f"Loads: low/mid/high = 5/30/70 % of the oracle's capacity ({cap:.1f} req/s), saturated = 150 %, "
+        notes=f"Mean of {len(seeds)} traces per cell. Loads: low/mid/high = 5/30/70 % of the oracle's capacity ({cap:.1f} req/s), saturated = 150 %, "
         "dynamic = 5 % -> 90 % -> 5 %. Throughput: tokens emitted between the warm-up and the last arrival / that time, capped at the "
         "offered rate (below saturation every policy that keeps up delivers exactly the offered load). "
         "Latency = (finish - arrival) / output tokens, queueing included.",
@@ -248,6 +260,13 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
     nj = {load: results[load]["nightjar"] for load in LOADS}
     oracle_ratio = min(nj[ld]["throughput"] / results[ld]["oracle"]["throughput"] for ld in LOADS)
     best_static = min(nj[ld]["throughput"] / max(results[ld][s]["throughput"] for s in statics) for ld in LOADS)
+
+    def seed_ratio(ld: str, i: int) -> float:
+        return nj[ld]["seeds"][i]["throughput"] / max(results[ld][s]["seeds"][i]["throughput"] for s in statics)
+
+    spread = {ld: [seed_ratio(ld, i) for i in range(len(seeds))] for ld in LOADS}
+    print("nightjar / best static throughput per seed: " + "; ".join(
+        f"{ld} " + " ".join(f"{x:.4f}" for x in v) for ld, v in spread.items()))
     lat_oracle = max(nj[ld]["latency"] / results[ld]["oracle"]["latency"] for ld in LOADS)
     lat_static = max(nj[ld]["latency"] / min(results[ld][s]["latency"] for s in statics) for ld in LOADS)
     slope, decide_us, rdet = regret_study(profile_path, quick, out, tag, pool)
@@ -261,6 +280,7 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
     summary = {
         "profile": tag, "capacity_rps": cap, "oracle_ratio": oracle_ratio, "best_static_ratio": best_static,
         "regret_exponent": slope, "decide_us": decide_us, "latency_vs_oracle_worst": lat_oracle,
+        "seeds": len(seeds), "best_static_ratio_per_seed": spread,
         "latency_vs_best_static_worst": lat_static, "regret": rdet, "results": results, "quick": quick,
     }
     write_json(out / f"summary-{tag}.json", summary)
