@@ -172,7 +172,14 @@ class WorkerMetrics:
         draft_state.set(DRAFT_STATES.index(new))
         for s in DRAFT_STATES:
             draft_state_info.labels(state=s).set(1 if s == new else 0)
-        if old is not None and old != new:
+        if old is None:
+            # Every legal edge exists at 0 from the start, so rate() reads 0, not "no data".
+            from nightjar_worker.memory.offload_state import ALLOWED_TRANSITIONS
+
+            for src, dsts in ALLOWED_TRANSITIONS.items():
+                for dst in dsts:
+                    draft_transitions_total.labels(**{"from": src.label, "to": dst.label})
+        elif old != new:
             draft_transitions_total.labels(**{"from": old, "to": new}).inc()
 
     def observe_offload(self, seconds: float) -> None:
