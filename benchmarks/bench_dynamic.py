@@ -1,7 +1,7 @@
 """``make bench-dynamic``: the real worker under time-varying load, every policy in one run.
 
-Load (``dynamic_lib.dynamic_trace``): Poisson arrivals following a rate trace, low -> high -> low then
-a sawtooth (rates rising geometrically low -> high, dropping back), Spec-Bench prompts interleaved by
+Load (``dynamic_lib.dynamic_trace``): Poisson arrivals following a rate trace, a sawtooth then
+low -> high -> low (sawtooth: rates rising geometrically low -> high, dropping back), Spec-Bench prompts interleaved by
 category, temperature 0, the same arrival times (seed) for every policy.
 
 Two Nightjar-scheduler servers (K=4), the policy switched through the admin endpoint between runs
@@ -61,13 +61,17 @@ ADAPTIVE = ("vllm-table", "ucb", "nightjar-no-offload", "dsd", "oracle", "nightj
 DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading", "draining")
 
 # Offered load per pair (req/s): "low" about one request at a time, "high" above the service rate
-# (closed loop at the cap). Measured here (2 shared cores, bf16): bundled 65 ms per step at batch 1,
-# ~0.3 s at batch 16-20 (~1.7 req/s of 32 tokens); qwen ~4 tok/s at batch 1, ~19 at batch 4.
+# (closed loop at the cap). Measured here (2 shared cores, bf16, under the lead's load): bundled 65 ms
+# per decode step at batch 1, ~0.5 s at batch 40, prefill ~90 tokens/s; qwen ~4 tok/s at batch 1.
 TRACES = {
-    "bundled": dynamic_lib.TraceSpec(low_rate=0.2, high_rate=3.0, low_cap=2, high_cap=12),
-    "qwen": dynamic_lib.TraceSpec(low_rate=0.06, high_rate=1.0, low_cap=1, high_cap=6),
+    "bundled": dynamic_lib.TraceSpec(low_rate=0.1, high_rate=1.0, low_cap=2, high_cap=8),
+    "qwen": dynamic_lib.TraceSpec(low_rate=0.04, high_rate=0.4, low_cap=1, high_cap=6),
 }
-QUICK_SCALE = {"bundled": 0.2, "qwen": 0.25}
+QUICK_SCALE = {"bundled": 0.25, "qwen": 0.25}
+# Every policy replays the same prompts on the same server: with vLLM's prefix cache on, later policies
+# would skip most of the prefill the first ones paid (measured: +55% tokens/s for the same gamma-0
+# schedule run after the sweep). Off, so every policy pays the same prefill.
+SERVER_ARGS = ["--scheduler", "nightjar", "--no-enable-prefix-caching"]
 
 
 def planner_policy(name: str) -> str:
@@ -123,14 +127,15 @@ class Bench:
         self.phases = dynamic_lib.dynamic_trace(self.spec, args.scale)
         self.names = dynamic_lib.phase_names(self.phases)
         self.windows = dynamic_lib.phase_windows(self.phases)
-        self.prompts = loadgen.mixed_prompts(loadgen.load_prompts(), 400, seed=1)
+        self.prompts = loadgen.mixed_prompts(
+            dynamic_lib.short_prompts(loadgen.load_prompts(), args.max_prompt_chars), 400, seed=1)
         self.results: dict[str, dict[str, dict]] = {}
         self.steps: dict[str, dict[str, dict]] = {}
         self.timelines: dict[str, dict[str, list]] = {}
         self.meta: dict[str, Any] = {"pair": args.pair, "quick": args.quick, "scale": args.scale,
-                                     "max_tokens": args.max_tokens, "trace": self.spec.model_dump(),
+                                     "max_tokens": args.max_tokens, "max_prompt_chars": args.max_prompt_chars, "trace": self.spec.model_dump(),
                                      "phases": [[n, round(a, 2), round(b, 2)] for n, a, b in self.windows],
-                                     "server_start_s": {}, "notes": []}
+                                     "server_start_s": {}, "notes": [], "server_args": SERVER_ARGS}
         self.table: list[list[int]] | None = None
 
     def note(self, text: str) -> None:
@@ -140,7 +145,7 @@ class Bench:
     def start(self, tag: str, env: dict[str, str]) -> ServerProcess:
         t0 = time.perf_counter()
         print(f"[server {tag}] starting ({self.args.pair} pair) ...", flush=True)
-        srv = ServerProcess([*pair_args(self.args.pair), "--scheduler", "nightjar"],
+        srv = ServerProcess([*pair_args(self.args.pair), *SERVER_ARGS],
                             env={"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN, **env},
                             log_path=self.out / f"server-{tag}.log").start()
         self.meta["server_start_s"][tag] = round(time.perf_counter() - t0, 1)
@@ -287,6 +292,9 @@ class Bench:
                                "oracle", "nightjar-no-offload", "nightjar"] if p not in self.results]
         notes = "\n".join(f"- {n}" for n in self.meta["notes"])
         notes += ("\n- not measured: " + ", ".join(missing)) if missing else ""
+        notes += f"\n- prompts: Spec-Bench, every category, at most {self.args.max_prompt_chars} characters " \
+                 "(prefill ~90 tokens/s here: long summarization inputs would make this a prefill benchmark)"
+        notes += "\n- servers: " + " ".join(SERVER_ARGS) + " (prefix cache off: every policy replays the same prompts)"
         notes += ("\n- best static = the best fixed gamma in each phase, no-SD (gamma 0) included; "
                   "throughput = output tokens of the requests arriving in the phase over their span; "
                   "mean gamma/acceptance from the worker's step log (steps ending in the phase)")
@@ -368,14 +376,17 @@ def main(argv: list[str] | None = None) -> int:
     quick = common.is_quick()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR", "bundled") or "bundled")
-    ap.add_argument("--scale", type=float, default=None, help="trace duration factor (QUICK: 0.2 bundled, 0.25 qwen)")
+    ap.add_argument("--scale", type=float, default=None, help="trace duration factor (QUICK: 0.25)")
     ap.add_argument("--max-tokens", type=int, default=32 if quick else 96)
     ap.add_argument("--policies", nargs="*", default=[*SERVER_A, *SERVER_B])
+    ap.add_argument("--max-prompt-chars", type=int, default=1200,
+                    help="only Spec-Bench prompts this short (0: all); see dynamic_lib.short_prompts")
     ap.add_argument("--profile", type=Path, default=None, help="CostProfile JSON for dsd/oracle instead of measuring")
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="server B without elastic memory")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     args.quick = quick
+    args.max_prompt_chars = args.max_prompt_chars or None
     if args.scale is None:
         args.scale = QUICK_SCALE[args.pair] if quick else 1.0
     if args.out is None:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nightjar_worker.engine.step_stats import StepStats
-from nightjar_worker.loadgen import Phase, RequestRecord, summarize
+from nightjar_worker.loadgen import Phase, Prompt, RequestRecord, summarize
 from nightjar_worker.planner.dsd import invert_acceptance
 from nightjar_worker.sim.profile import CostProfile, expected_tokens
 from pydantic import BaseModel, ConfigDict, Field
@@ -63,8 +63,16 @@ def sawtooth_trace(spec: TraceSpec, scale: float = 1.0) -> list[Phase]:
     return out
 
 
+def short_prompts(prompts: Sequence[Prompt], max_chars: int | None) -> list[Prompt]:
+    """Prompts of at most ``max_chars`` characters (None: all). On 2 shared cores the engine prefills
+    ~90 tokens/s, so Spec-Bench's long summarization/extraction inputs (median ~3000 characters)
+    would turn the benchmark into a prefill benchmark; every category keeps its short prompts."""
+    return list(prompts) if max_chars is None else [p for p in prompts if len(p.text) <= max_chars]
+
+
 def dynamic_trace(spec: TraceSpec, scale: float = 1.0) -> list[Phase]:
-    return step_trace(spec, scale) + sawtooth_trace(spec, scale)
+    """The sawtooth, then low -> high -> low: ending low keeps the drain after the trace short."""
+    return sawtooth_trace(spec, scale) + step_trace(spec, scale)
 
 
 def phase_names(phases: Sequence[Phase]) -> list[str]:
@@ -324,3 +332,18 @@ def compare_texts(got: Mapping[int, Sequence[str]], ref: Mapping[int, str]) -> d
             else:
                 diff.append(qid)
     return {"same": same, "different": len(diff), "different_qids": sorted(set(diff)), "missing_ref": missing}
+
+
+def first_divergence(ref_tokens: Sequence[str], text: str) -> int | None:
+    """Index of the reference token where ``text`` first departs from the reference (the tokens'
+    concatenation); None if ``text`` equals it."""
+    ref = "".join(ref_tokens)
+    if text == ref:
+        return None
+    k = next((i for i, (a, b) in enumerate(zip(ref, text, strict=False)) if a != b), min(len(ref), len(text)))
+    pos = 0
+    for i, tok in enumerate(ref_tokens):
+        pos += len(tok)
+        if k < pos:
+            return i
+    return max(0, len(ref_tokens) - 1)

@@ -1,14 +1,16 @@
 """``make soak``: a bounded soak of the real worker at temperature 0, every response checked.
 
 One Nightjar-scheduler server (K=4, loopback). For ``--seconds`` (``SOAK_S``, default 1200; QUICK: 120)
-Poisson arrivals alternate low and high rates (``bench_dynamic``'s trace for the pair, cycled), with the
+Poisson arrivals alternate low and high rates (``bench_dynamic``'s low rate and half its high rate), with the
 planner policy rotating through ``nightjar``, ``static-4``, ``ucb`` and ``static-2`` so speculative,
 non-speculative and switching steps (draft KV catch-up) all occur. Prompts come from a fixed pool of
 Spec-Bench prompts (every category) so each is answered many times under different batch shapes.
 
 Reference: afterwards the *same server* is switched to the planner's ``nosd`` policy (gamma 0 every
 step: the runner skips the draft; plain autoregressive decoding) and every pool prompt is decoded once,
-alone (concurrency 1). Every soak response must equal its prompt's reference text. A response that
+alone (concurrency 1), with the top-2 logprobs of each token. Every soak response must equal its
+prompt's reference text; for one that does not, the reference token where it departs and that token's
+top-2 margin are reported (a near-tie is what bf16 rounding of another GEMM shape can flip). A response that
 differs is decoded again alone under ``static-4``: if that equals the reference, speculation is exact
 at batch 1 and the difference came from the batch shape (vLLM's CPU bf16 GEMMs are not batch-invariant:
 a near-tie can flip under another batch); both counts are reported.
@@ -45,12 +47,16 @@ from benchmarks.serving import (
 set_cpu_env()
 
 ROTATION = ("nightjar", "static-4", "ucb", "static-2")
+# a reference token chosen over the runner-up by less than this (nats) is a near-tie: bf16 rounding of a
+# different GEMM shape (another batch, or verifying 5 tokens at once) can flip it
+NEAR_TIE_NATS = 0.25
 
 
 def soak_phases(spec: dynamic_lib.TraceSpec, segment_s: float) -> list[loadgen.Phase]:
-    """One segment: half at the low rate, half at the high rate (in-flight caps as in the trace)."""
-    return [loadgen.Phase(segment_s / 2, spec.low_rate, spec.low_cap, name="low"),
-            loadgen.Phase(segment_s / 2, spec.high_rate, spec.high_cap, name="high")]
+    """One segment: half at the low rate, half at half the trace's high rate (busy, not a growing
+    queue); a request still waiting for a slot when its phase ends is not sent (counted as dropped)."""
+    return [loadgen.Phase(segment_s / 2, spec.low_rate, spec.low_cap, name="low", drop_late=True),
+            loadgen.Phase(segment_s / 2, spec.high_rate / 2, spec.high_cap, name="high", drop_late=True)]
 
 
 async def decode_alone(url: str, model: str, prompts, max_tokens: int) -> list[loadgen.RequestRecord]:
@@ -58,6 +64,30 @@ async def decode_alone(url: str, model: str, prompts, max_tokens: int) -> list[l
     recs = await loadgen.run_closed_loop(client, model, prompts, 1, len(prompts), max_tokens=max_tokens)
     await client.close()
     return recs
+
+
+async def reference_decode(url: str, model: str, prompts, max_tokens: int) -> dict[int, dict]:
+    """Each prompt alone, not streamed, with the top-2 logprobs of every token: {qid: {text, tokens,
+    margins}} where margin = logprob(top 1) - logprob(top 2), nats (how close to a tie the choice was)."""
+    client = openai_client(url)
+    out: dict[int, dict] = {}
+    for p in prompts:
+        try:
+            r = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": p.text}], max_tokens=max_tokens,
+                temperature=0.0, logprobs=True, top_logprobs=2)
+        except Exception as e:  # noqa: BLE001 - a failed reference is reported, not fatal
+            print(f"  reference for {p.qid} failed: {type(e).__name__}: {e}", flush=True)
+            continue
+        content = r.choices[0].logprobs.content if r.choices[0].logprobs else []
+        out[p.qid] = {
+            "text": r.choices[0].message.content or "",
+            "tokens": [c.token for c in content],
+            "margins": [(c.top_logprobs[0].logprob - c.top_logprobs[1].logprob) if len(c.top_logprobs) > 1
+                        else float("inf") for c in content],
+        }
+    await client.close()
+    return out
 
 
 async def soak_segment(url: str, model: str, prompts, phases, max_tokens: int, seed: int):
@@ -72,15 +102,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR", "bundled") or "bundled")
     ap.add_argument("--seconds", type=float, default=120.0 if quick else float(os.environ.get("SOAK_S", "1200")))
-    ap.add_argument("--segment-s", type=float, default=30.0, help="policy rotation period")
+    ap.add_argument("--segment-s", type=float, default=None, help="policy rotation period (default: 30 s, "
+                    "at most a sixth of the soak so every policy runs)")
     ap.add_argument("--pool", type=int, default=24, help="distinct prompts")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-prompt-chars", type=int, default=1200)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.segment_s is None:
+        args.segment_s = min(30.0, args.seconds / 6)
     out = args.out or (common.results_dir("soak") / ("quick" if quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     spec = TRACES[args.pair]
-    pool = loadgen.mixed_prompts(loadgen.load_prompts(), args.pool, seed=5)
+    # prompts that fit max_model_len (1024 tokens) with room to answer: a longer one is a 400, not a loss
+    pool = loadgen.mixed_prompts(dynamic_lib.short_prompts(loadgen.load_prompts(), args.max_prompt_chars),
+                                 args.pool, seed=5)
     # the arrival index picks the prompt (i % len): a longer list cycling the pool in shuffled order
     order = loadgen.mixed_prompts(pool, 4 * args.pool, seed=9)
 
@@ -114,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         samples = rss.stop()
         # reference: plain decoding (planner nosd: no draft forward), each prompt alone
         switch_policy(srv.url, "nosd")
-        ref_recs = asyncio.run(decode_alone(srv.url, model, pool, args.max_tokens))
-        ref = {p.qid: r.text for p, r in zip(pool, ref_recs, strict=True) if r.error is None}
+        refs = asyncio.run(reference_decode(srv.url, model, pool, args.max_tokens))
+        ref = {q: v["text"] for q, v in refs.items()}
         got: dict[int, list[str]] = {}
         lost = 0
         for r in records:
@@ -126,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             got.setdefault(r.qid, []).append(r.text)
         verdict = dynamic_lib.compare_texts(got, ref)
+        # where each differing response departs from the reference, and how close to a tie that token was
+        margins = []
+        for r in records:
+            if r.error is None and not r.dropped and r.qid in refs and r.text != ref[r.qid]:
+                i = dynamic_lib.first_divergence(refs[r.qid]["tokens"], r.text)
+                m = refs[r.qid]["margins"][i] if i is not None and i < len(refs[r.qid]["margins"]) else None
+                margins.append({"qid": r.qid, "token": i, "margin_nats": m})
+        near = sum(1 for d in margins if d["margin_nats"] is not None and d["margin_nats"] < NEAR_TIE_NATS)
         # a differing prompt decoded alone with speculation: exact at batch 1?
         by_qid = {p.qid: p for p in pool}
         recheck = {}
@@ -151,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         ["lost (error or no tokens)", lost],
         ["compared with the nosd reference", verdict["same"] + verdict["different"]],
         ["different", verdict["different"]],
+        [f"different, departing at a reference near-tie (top-2 margin < {NEAR_TIE_NATS} nats)",
+         f"{near}/{len(margins)}"],
+        ["margins at the departure (nats)", ", ".join(common.fmt(d["margin_nats"], 2) for d in margins[:20]) or "-"],
         ["differing prompts exact when decoded alone with static-4", f"{sum(recheck.values())}/{len(recheck)}"],
         ["responses per policy", ", ".join(f"{p} {policy_of.count(p)}" for p in ROTATION)],
         ["RSS first / last MiB", f"{pts[0][1]:.0f} / {pts[-1][1]:.0f}" if pts else "-"],
@@ -160,11 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         f"soak ({args.pair} pair{', QUICK' if quick else ''}, temperature 0, reference: same server, planner "
         f"policy nosd, each prompt alone)", ["what", "value"], rows, out / "soak.md",
         notes="A difference that is exact when the prompt is decoded alone with speculation comes from the batch "
-              "shape (CPU bf16 GEMMs are not batch-invariant), not from speculation.")
+              "shape (CPU bf16 GEMMs are not batch-invariant), not from speculation. A departure at a reference "
+              "near-tie is consistent with bf16 rounding of another GEMM shape; one with a clear margin is not.")
     common.write_json(out / "results.json", {
-        "soak_s": soak_s, "requests": n, "lost": lost, "verdict": verdict, "recheck_alone_static4": recheck,
+        "soak_s": soak_s, "requests": n, "lost": lost,
+        "errors": [f"{r.qid}: {r.error}" for r in records if r.error is not None], "verdict": verdict, "recheck_alone_static4": recheck,
         "rss_mib": pts, "rss_slope_mib_per_h": slope, "pair": args.pair, "quick": quick,
-        "texts": {str(q): t for q, t in ref.items()},
+        "divergences": margins, "reference": {str(q): v for q, v in refs.items()},
+        "responses": [{"qid": r.qid, "policy": pol, "text": r.text, "error": r.error}
+                      for r, pol in zip(records, policy_of, strict=True) if not r.dropped],
     })
     common.print_result(soak_s=round(soak_s), requests=n, lost=lost, different=verdict["different"],
                         rss_slope_mib_per_h=round(slope, 1) if slope is not None else float("nan"))

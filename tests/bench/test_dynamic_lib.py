@@ -17,9 +17,9 @@ SPEC = dl.TraceSpec(low_rate=0.5, high_rate=8.0, low_cap=2, high_cap=16, low_s=1
 
 def test_trace_shapes_low_high_low_then_sawtooth():
     ph = dl.dynamic_trace(SPEC, scale=2.0)
-    assert [p.name for p in ph[:3]] == ["low", "high", "low-again"]
-    assert [p.rate for p in ph[:3]] == [0.5, 8.0, 0.5]
-    saw = ph[3:]
+    assert [p.name for p in ph[6:]] == ["low", "high", "low-again"]
+    assert [p.rate for p in ph[6:]] == [0.5, 8.0, 0.5]
+    saw = ph[:6]
     assert len(saw) == 6 and {p.name for p in saw} == {"saw"}
     rates = [p.rate for p in saw]
     assert rates[:3] == rates[3:] and rates[0] == pytest.approx(0.5) and rates[2] == pytest.approx(8.0)
@@ -28,7 +28,7 @@ def test_trace_shapes_low_high_low_then_sawtooth():
     assert [p.max_concurrency for p in saw[:3]] == [2, 9, 16]
     assert all(p.drop_late for p in ph)
     assert sum(p.duration_s for p in ph) == pytest.approx(2 * (10 + 20 + 10 + 30))
-    assert dl.phase_names(ph) == ["low", "high", "low-again", "saw"]
+    assert dl.phase_names(ph) == ["saw", "low", "high", "low-again"]
 
 
 def test_arrivals_follow_the_trace():
@@ -157,3 +157,19 @@ def test_slope_per_hour():
 def test_compare_texts():
     v = dl.compare_texts({1: ["a", "a"], 2: ["b", "x"], 3: ["c"]}, {1: "a", 2: "b"})
     assert v == {"same": 3, "different": 1, "different_qids": [2], "missing_ref": 1}
+
+
+def test_short_prompts_keep_every_category_with_short_inputs():
+    from nightjar_worker.loadgen import Prompt
+
+    ps = [Prompt(1, "a", "x" * 10), Prompt(2, "a", "x" * 2000), Prompt(3, "b", "y" * 50)]
+    assert [p.qid for p in dl.short_prompts(ps, 100)] == [1, 3]
+    assert dl.short_prompts(ps, None) == ps
+
+
+def test_first_divergence_maps_chars_to_reference_tokens():
+    toks = ["The", " cat", " sat", "."]
+    assert dl.first_divergence(toks, "The cat sat.") is None
+    assert dl.first_divergence(toks, "The cow sat.") == 1
+    assert dl.first_divergence(toks, "The cat") == 2  # stopped early: the next reference token
+    assert dl.first_divergence(toks, "The cat sat. More") == 3
