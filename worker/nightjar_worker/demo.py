@@ -104,7 +104,7 @@ def _f(x: float | None, nd: int = 2) -> str:
 async def drive(url: str, model: str, ph: list[Phase], max_tokens: int, live: bool):
     from openai import AsyncOpenAI
 
-    prompts = loadgen.mixed_prompts(loadgen.load_prompts(), 400, seed=3)
+    prompts = loadgen.mixed_prompts(loadgen.fit_to_context(url, model, loadgen.load_prompts(), max_tokens), 400, seed=3)
     client = AsyncOpenAI(base_url=url + "/v1", api_key="demo", timeout=600, max_retries=0)
     ticks: list[Tick] = []
     stop = asyncio.Event()
@@ -209,9 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "summary.md").write_text(table)
     (args.out / "timeline.json").write_text(json.dumps([t.__dict__ for t in ticks]))
     plot(ticks, ph, args.out / "demo.png")
-    errors = sum(1 for r in records if r.error and not r.dropped)
-    print(f"wrote {args.out}/summary.md, timeline.json, demo.png; {len(records)} requests, {errors} errors")
-    return 0 if errors == 0 else 1
+    errors = [r.error for r in records if r.error and not r.dropped]
+    print(f"wrote {args.out}/summary.md, timeline.json, demo.png; {len(records)} requests "
+          f"({sum(r.dropped for r in records)} dropped as late), {len(errors)} errors")
+    for e in sorted(set(errors))[:3]:
+        print(f"  error: {e}")
+    return 0 if not errors else 1
 
 
 if __name__ == "__main__":

@@ -55,6 +55,29 @@ def load_prompts(path: str | Path | None = None, categories: Sequence[str] | Non
     return out
 
 
+def fit_to_context(base_url: str, model: str, prompts: Sequence[Prompt], max_tokens: int) -> list[Prompt]:
+    """The prompts whose chat-templated length plus ``max_tokens`` fits the served model's context
+    (``max_model_len`` from ``/v1/models``, lengths from the server's own ``/tokenize``): a request
+    that cannot fit gets a 400, which is the server being right, not a load result."""
+    import httpx
+
+    with httpx.Client(base_url=base_url.rstrip("/"), timeout=30) as http:
+        card = next(m for m in http.get("/v1/models").json()["data"] if m["id"] == model)
+        limit = int(card["max_model_len"]) - max_tokens
+        out, seen = [], {}
+        for p in prompts:
+            if p.text not in seen:
+                r = http.post("/tokenize", json={"model": model, "messages": [{"role": "user", "content": p.text}],
+                                                 "add_generation_prompt": True})
+                r.raise_for_status()
+                seen[p.text] = r.json()["count"] <= limit
+            if seen[p.text]:
+                out.append(p)
+    if not out:
+        raise ValueError(f"max_tokens: no prompt fits the context with {max_tokens} tokens to generate")
+    return out
+
+
 def mixed_prompts(prompts: Sequence[Prompt], n: int, seed: int = 0) -> list[Prompt]:
     """``n`` prompts interleaving categories round-robin (so every load level sees every category)."""
     by_cat: dict[str, list[Prompt]] = {}
