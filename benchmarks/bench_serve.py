@@ -1,6 +1,6 @@
 """``make bench-serve``: the real worker under closed-loop load, every policy in one run.
 
-For each policy a fresh server is started on the bundled pair (restart per policy: the baselines
+For each policy a fresh server is started on the pair (``--pair``/``PAIR``: bundled or qwen; restart per policy: the baselines
 are vLLM's *own* code paths, not imitations inside our scheduler):
 
 * ``nosd``        vLLM scheduler, no draft;
@@ -44,7 +44,7 @@ from typing import Any
 from nightjar_worker import loadgen
 from nightjar_worker.serve import ServerProcess
 
-from benchmarks.serving import ADMIN_TOKEN, set_cpu_env, switch_policy
+from benchmarks.serving import ADMIN_TOKEN, PAIRS, pair_args, set_cpu_env, switch_policy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serve"
 
@@ -187,24 +187,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", nargs="*",
                     default=["nosd", "static-1", "static-2", "static-3", "static-4", "vllm-table", "nightjar"])
     ap.add_argument("--lossless-prompts", type=int, default=3 if quick else 12)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/serve[-<pair>]")
+    ap.add_argument("--pair", choices=PAIRS, default=os.environ.get("PAIR") or "bundled",
+                    help="bundled: the SmolLM2 pair (make models); qwen: Qwen2.5-Coder 1.5B/0.5B (make models-qwen)")
     ap.add_argument("--nosd-switched", action="store_true", default=quick,
                     help="switch mode: run no-SD on the same server too (planner policy 'nosd': no draft forward)")
     ap.add_argument("--mode", choices=("restart", "switch"), default="switch" if quick else "restart",
                     help="restart: a native vLLM server per baseline; switch: one Nightjar server, policy switched")
     args = ap.parse_args(argv)
     concurrencies = sorted(args.concurrency)
+    if args.out is None:
+        args.out = RESULTS if args.pair == "bundled" else RESULTS.with_name(f"serve-{args.pair}")
     args.out.mkdir(parents=True, exist_ok=True)
+    model_args = pair_args(args.pair)
 
-    prompts = loadgen.mixed_prompts(loadgen.load_prompts(), 400, seed=1)
-    lossless_prompts = loadgen.mixed_prompts(loadgen.load_prompts(), args.lossless_prompts, seed=7)
+    fitted: dict[str, list] = {}
+
+    def prompt_sets(srv: ServerProcess) -> tuple[list, list]:
+        """(load prompts, lossless prompts), only those that fit the served context (same for every policy)."""
+        if not fitted:
+            pool = loadgen.fit_to_context(srv.url, srv.model_name(), loadgen.load_prompts(), args.max_tokens)
+            fitted["load"] = loadgen.mixed_prompts(pool, 400, seed=1)
+            fitted["lossless"] = loadgen.mixed_prompts(pool, args.lossless_prompts, seed=7)
+        return fitted["load"], fitted["lossless"]
 
     def n_req(c: int) -> int:
         return max(3, c) if quick else max(8, 3 * c)
 
     results: dict[str, dict[int, dict]] = {}
     texts: dict[str, list[str]] = {}
-    meta: dict[str, Any] = {"quick": quick, "concurrencies": concurrencies, "max_tokens": args.max_tokens,
+    meta: dict[str, Any] = {"pair": args.pair, "quick": quick, "concurrencies": concurrencies, "max_tokens": args.max_tokens,
                             "server_start_s": {}}
     order = [p for p in args.policies if p != "vllm-table"] + (["vllm-table"] if "vllm-table" in args.policies else [])
     meta["mode"] = args.mode
@@ -223,23 +235,26 @@ def main(argv: list[str] | None = None) -> int:
                 meta["vllm_table_best_k"] = best
                 print(f"vllm-table tuned from the sweep: best K per concurrency {best} -> {table}", flush=True)
             want_text = pol in ("nosd", "nightjar", "static-4")
-            lp = lossless_prompts if want_text else None
             if args.mode == "switch" and (pol != "nosd" or args.nosd_switched):
                 if shared is None:
                     t0 = time.perf_counter()
                     print("[switch] starting the Nightjar-scheduler server ...", flush=True)
-                    shared = ServerProcess(["--scheduler", "nightjar"], env={"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN},
+                    shared = ServerProcess([*model_args, "--scheduler", "nightjar"], env={"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN},
                                            log_path=args.out / "server-switch.log").start()
                     meta["server_start_s"]["switch"] = round(time.perf_counter() - t0, 1)
                 switch_policy(shared.url, pol, table)
                 print(f"[{pol}] (runtime switch)", flush=True)
+                prompts, lossless = prompt_sets(shared)
+                lp = lossless if want_text else None
                 res, tx = asyncio.run(run_policy(shared, concurrencies, prompts, max_tokens=args.max_tokens,
                                                  n_req=n_req, lossless_prompts=lp))
             else:
                 t0 = time.perf_counter()
                 print(f"[{pol}] starting server ...", flush=True)
-                with ServerProcess(policy_args(pol, table), log_path=args.out / f"server-{pol}.log") as srv:
+                with ServerProcess([*model_args, *policy_args(pol, table)], log_path=args.out / f"server-{pol}.log") as srv:
                     meta["server_start_s"][pol] = round(time.perf_counter() - t0, 1)
+                    prompts, lossless = prompt_sets(srv)
+                    lp = lossless if want_text else None
                     res, tx = asyncio.run(run_policy(srv, concurrencies, prompts, max_tokens=args.max_tokens,
                                                      n_req=n_req, lossless_prompts=lp))
             results[pol] = res
