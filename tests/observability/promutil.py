@@ -32,6 +32,15 @@ WORKER_METRIC_RELABEL = [
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m", "$namespace": ".*", "$deployment": ".*"}
 
 
+def worker_scrape_job(port: int, namespace: str, deployment: str, pod: str) -> dict[str, Any]:
+    """The chart's worker scrape job for one target on loopback, with the labels the rules group by."""
+    return {
+        "job_name": "nightjar-workers", "metric_relabel_configs": WORKER_METRIC_RELABEL,
+        "static_configs": [{"targets": [f"127.0.0.1:{port}"],
+                            "labels": {"namespace": namespace, "nightjar_deployment": deployment, "pod": pod}}],
+    }
+
+
 def rules() -> list[dict[str, Any]]:
     return [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
 

@@ -25,11 +25,11 @@ import yaml
 from promutil import (
     CHART,
     RULE_FILES,
-    WORKER_METRIC_RELABEL,
     Prometheus,
     base_metrics,
     has_data,
     panel_queries,
+    worker_scrape_job,
 )
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus]
@@ -45,11 +45,7 @@ def stack(tmp_path_factory):
     cfg = d / "nightjar.yaml"
     cfg.write_text(yaml.safe_dump(CONFIG))
     port = free_port()
-    prom = Prometheus(d / "prom", [{
-        "job_name": "nightjar-workers", "metric_relabel_configs": WORKER_METRIC_RELABEL,
-        "static_configs": [{"targets": [f"127.0.0.1:{port}"],
-                            "labels": {"namespace": "obs-engine", "nightjar_deployment": "smollm2", "pod": "smollm2-0"}}],
-    }], RULE_FILES)
+    prom = Prometheus(d / "prom", [worker_scrape_job(port, "obs-engine", "smollm2", "smollm2-0")], RULE_FILES)
     # Elastic memory on (policy-driven, as the operator deploys it): the draft-state and KV-block
     # panels read what the memory manager exports.
     srv = ServerProcess(["--config", str(cfg)], port=port, log_path=d / "server.log", startup_timeout_s=600,

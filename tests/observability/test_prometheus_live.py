@@ -19,7 +19,6 @@ import httpx
 import pytest
 from promutil import (
     RULE_FILES,
-    WORKER_METRIC_RELABEL,
     Prometheus,
     base_metrics,
     free_port,
@@ -27,6 +26,7 @@ from promutil import (
     panel_queries,
     recording_rules,
     worker_metric_names,
+    worker_scrape_job,
 )
 
 pytestmark = pytest.mark.prometheus
@@ -52,11 +52,7 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
 def worker_target(tmp_path):
     port = free_port()
     # Prometheus first (so it sees the target's counters move from their first samples), then the target.
-    prom = Prometheus(tmp_path / "prom", [{
-        "job_name": "nightjar-workers", "metric_relabel_configs": WORKER_METRIC_RELABEL,
-        "static_configs": [{"targets": [f"127.0.0.1:{port}"],
-                            "labels": {"namespace": "obs-test", "nightjar_deployment": "demo", "pod": "demo-0"}}],
-    }], RULE_FILES)
+    prom = Prometheus(tmp_path / "prom", [worker_scrape_job(port, "obs-test", "demo", "demo-0")], RULE_FILES)
     log = (tmp_path / "target.log").open("w")
     proc = subprocess.Popen([sys.executable, str(TARGET), str(port), str(tmp_path)], stdout=log, stderr=subprocess.STDOUT)
     try:
