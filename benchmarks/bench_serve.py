@@ -44,7 +44,7 @@ from typing import Any
 from nightjar_worker import loadgen
 from nightjar_worker.serve import ServerProcess
 
-from benchmarks.serving import ADMIN_TOKEN, PAIRS, pair_args, set_cpu_env, switch_policy
+from benchmarks.serving import ADMIN_TOKEN, PAIRS, pair_args, pair_dtype, set_cpu_env, switch_policy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serve"
 
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, dict[int, dict]] = {}
     texts: dict[str, list[str]] = {}
-    meta: dict[str, Any] = {"pair": args.pair, "quick": quick, "concurrencies": concurrencies, "max_tokens": args.max_tokens,
+    meta: dict[str, Any] = {"pair": args.pair, "dtype": pair_dtype(args.pair), "quick": quick, "concurrencies": concurrencies, "max_tokens": args.max_tokens,
                             "server_start_s": {}}
     order = [p for p in args.policies if p != "vllm-table"] + (["vllm-table"] if "vllm-table" in args.policies else [])
     meta["mode"] = args.mode

@@ -16,6 +16,10 @@ from nightjar_worker import loadgen
 
 ADMIN_TOKEN = "bench-serve"
 PAIRS = ("bundled", "qwen")
+# The Qwen pair runs in float32 on CPU: in bfloat16 this CPU (AVX-512 BF16, no AMX) is compute-bound
+# from 2 rows per GEMM, so verifying 4 tokens costs ~3 decode steps and no draft can pay; float32 GEMMs
+# stay memory-bound up to ~8 rows, the regime of a GPU (docs/engine.md). ``DTYPE`` overrides.
+PAIR_DTYPES = {"bundled": "bfloat16", "qwen": "float32"}
 
 
 def set_cpu_env() -> None:
@@ -39,10 +43,14 @@ def pair_dirs(pair: str) -> tuple[Path, Path]:
     return Path(t), Path(d)
 
 
+def pair_dtype(pair: str) -> str:
+    return os.environ.get("DTYPE") or PAIR_DTYPES[pair]
+
+
 def pair_args(pair: str) -> list[str]:
-    """``nightjar-worker serve`` arguments selecting the pair."""
+    """``nightjar-worker serve`` arguments selecting the pair (and its dtype)."""
     t, d = pair_dirs(pair)
-    return ["--model", str(t), "--draft", str(d)]
+    return ["--model", str(t), "--draft", str(d), "--dtype", pair_dtype(pair)]
 
 
 def switch_body(name: str, table: list[list[int]] | None = None) -> dict:

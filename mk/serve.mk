@@ -1,5 +1,5 @@
 # Serving area: the worker's API server, the demo and the serving benchmark (see docs/serving.md).
-.PHONY: serve demo bench-serve
+.PHONY: serve demo bench-serve bench-cpu-gemm
 
 PORT ?= 8000
 
@@ -11,3 +11,6 @@ demo: install models ## low -> high -> low load on the bundled pair; live gamma/
 
 bench-serve: install models ## every policy under closed-loop load on the real server (QUICK=1: c=1 and saturation)
 	$(PY) -m benchmarks.bench_serve
+
+bench-cpu-gemm: install ## bf16 vs fp32 GEMM cost per row count on this CPU (why the Qwen pair serves in float32)
+	$(PY) -m benchmarks.bench_cpu_gemm

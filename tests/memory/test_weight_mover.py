@@ -89,3 +89,61 @@ def test_memory_host_store(tmp_path):
     mover.start_offload().wait(30)
     mover.start_reload().wait(30)
     assert all(torch.equal(p, before[n]) for n, p in draft.named_parameters())
+
+
+def test_stepped_reload_works_only_when_advanced_in_bounded_items(tmp_path):
+    _, draft = make(n_layers=3, dim=512)  # 0.5 MiB per weight: several 64 KiB reads each
+    before = {n: p.detach().clone() for n, p in draft.named_parameters()}
+    mover = DraftWeightMover(draft, "cpu", offload_dir=str(tmp_path))
+    mover.start_offload().wait(30)
+    t = mover.start_reload(slice_bytes=64 << 10, stepped=True)
+    assert not t.done and mover.device_bytes() == 0  # nothing runs until the engine loop advances it
+    items = 0
+    while not t.advance(0.0):  # budget 0: exactly one work item per call
+        items += 1
+        assert not mover.usable  # the draft must not run before the last item
+        assert items < 1000
+    assert items >= 3 * (512 * 512 * 2 // (64 << 10))  # the big weights were split
+    assert t.error is None and t.slices == items + 1 and mover.resident and mover.usable
+    assert all(torch.equal(p, before[n]) for n, p in draft.named_parameters())
+    mover.close()
+
+
+def test_stepped_reload_failure_is_reported_and_frees_everything(tmp_path):
+    _, draft = make()
+    mover = DraftWeightMover(draft, "cpu", offload_dir=str(tmp_path), faults=FaultInjector(1))
+    mover.start_offload().wait(30)
+    t = mover.start_reload(stepped=True)
+    assert t.advance(1.0) and t.error and "injected" in t.error
+    assert not mover.resident and not mover.usable and mover.device_bytes() == 0
+    t = mover.start_reload(stepped=True)
+    assert t.wait() and t.error is None and mover.resident  # wait() drives a stepped task to the end
+    mover.close()
+
+
+@pytest.mark.parametrize("remove_weight", [False, True])
+def test_repack_in_row_blocks_gives_the_same_linear(remove_weight):
+    """The CPU re-pack of a large draft weight in row blocks computes what vLLM's one packed GEMM does."""
+    import vllm.model_executor.layers.utils as lu
+    from nightjar_worker.memory import cpu_packed
+
+    torch.manual_seed(0)
+    w = torch.randn(3000, 256, dtype=torch.bfloat16)
+    x = torch.randn(5, 256, dtype=torch.bfloat16)
+    bias = torch.randn(3000, dtype=torch.bfloat16)
+    dispatch = getattr(lu.dispatch_cpu_unquantized_gemm, "__wrapped__", lu.dispatch_cpu_unquantized_gemm)
+    ref_layer = torch.nn.Module()
+    ref_layer.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
+    dispatch(ref_layer, remove_weight)
+    ref = ref_layer.cpu_linear(x, ref_layer.weight, bias)
+
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.empty(0, dtype=w.dtype) if remove_weight else w.clone(), requires_grad=False)
+    layer._nightjar_packed = cpu_packed.PackedInfo(remove_weight, shape=tuple(w.shape), dtype=w.dtype)
+    n = sum(1 for _ in cpu_packed.repack_steps(layer, w.clone() if remove_weight else None, max_chunk_bytes=256 * 2 * 1000))
+    if cpu_packed._onednn_path(w):
+        assert n == 3  # 1000 rows per block
+    assert (layer.weight.numel() == 0) == remove_weight
+    out = layer.cpu_linear(x, layer.weight, bias)
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)

@@ -70,3 +70,18 @@ def test_cli_dispatch_and_usage(capsys):
     assert cli.main(["bogus"]) == 2
     assert "unknown command" in capsys.readouterr().err
     assert cli.main(["--help"]) == 0
+
+
+def test_dtype_is_passed_and_float32_flushes_denormals_in_every_vllm_process(pair, monkeypatch, tmp_path):
+    from nightjar_worker.serve import prepare_environment
+
+    assert opt(argv(), "--dtype") == "bfloat16"
+    args, rest = build_parser().parse_known_args(["--dtype", "float32"])
+    assert opt(vllm_argv(args, rest), "--dtype") == "float32"
+    monkeypatch.setenv("NIGHTJAR_STATE_DIR", str(tmp_path / "state"))
+    for k in ("NIGHTJAR_FLUSH_DENORMAL", "PROMETHEUS_MULTIPROC_DIR", "VLLM_CPU_KVCACHE_SPACE", "NIGHTJAR_CONFIG"):
+        monkeypatch.setenv(k, "")  # recorded, so teardown removes what prepare_environment exports
+        monkeypatch.delenv(k)
+    assert prepare_environment(args)["NIGHTJAR_FLUSH_DENORMAL"] == "1"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--dtype", "int8"])

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vLLM's num_speculative_tokens_per_batch_size (with --scheduler vllm): JSON "
                    "[[start, end, k], ...] (inclusive ranges, vLLM's format) or {batch_size: k} (from that size on)")
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--dtype", choices=("bfloat16", "float32", "float16", "auto"), default="bfloat16",
+                   help="weights and activations (CPU: float32 keeps small-batch GEMMs memory-bound, "
+                   "where speculation pays; see docs/engine.md)")
     p.add_argument("--kv-cache-gib", type=int, default=None,
                    help="VLLM_CPU_KVCACHE_SPACE in GiB (CPU backend; default 2 unless already set)")
     return p
@@ -108,6 +111,8 @@ def prepare_environment(args: argparse.Namespace) -> dict[str, str]:
     shutil.rmtree(prom, ignore_errors=True)
     os.makedirs(prom)
     set_env["PROMETHEUS_MULTIPROC_DIR"] = prom
+    if args.dtype == "float32":
+        set_env["NIGHTJAR_FLUSH_DENORMAL"] = "1"  # every vLLM process; read by the plugin (vllm_plugin.py)
     if args.kv_cache_gib is not None:
         set_env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
     elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
@@ -129,7 +134,7 @@ def vllm_argv(args: argparse.Namespace, passthrough: Sequence[str]) -> list[str]
         "--model", str(target),
         "--host", args.host,
         "--port", str(args.port),
-        "--dtype", "bfloat16",
+        "--dtype", args.dtype,
         "--enforce-eager",
         "--max-model-len", str(args.max_model_len),
         "--middleware", ADMIN_MIDDLEWARE,

@@ -1,6 +1,7 @@
 """vLLM ``general_plugins`` entry point (declared in pyproject): ``register()`` runs in every vLLM
 process (API server, EngineCore, workers). It installs Nightjar's model-runner hooks
 (``engine/runner_hooks.py``); they stay inert unless the engine runs ``NightjarScheduler``.
+With ``NIGHTJAR_FLUSH_DENORMAL=1`` (``serve --dtype float32``) it flushes denormals in the process.
 On an unsupported vLLM version it installs nothing and says so; the scheduler then refuses to
 start with the same message (``engine/version.py``).
 """
@@ -8,11 +9,18 @@ start with the same message (``engine/version.py``).
 from __future__ import annotations
 
 import logging
+import os
 
 log = logging.getLogger("nightjar.plugin")
 
 
 def register() -> None:
+    if os.environ.get("NIGHTJAR_FLUSH_DENORMAL") == "1":
+        # float32 on CPU: denormal arithmetic runs 20-50x slower on x86 (../shared/notes/models.md);
+        # set per process here, before any model runs in this process's main thread.
+        import torch
+
+        torch.set_flush_denormal(True)
     from nightjar_worker.engine.version import UnsupportedVLLMVersion, check_vllm_version
 
     try:

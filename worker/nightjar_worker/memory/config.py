@@ -41,6 +41,16 @@ class ElasticMemoryConfig(BaseModel):
     release_pages: bool = Field(True, description="return held-back KV pages to the OS (CPU: madvise)")
     host_store: Literal["auto", "pinned", "memory", "file"] = "auto"
     offload_dir: str | None = None
+    reload_slice_s: float = Field(
+        0.02, ge=0,
+        description="CPU: reload in slices of at most about this much work between engine steps, on the "
+        "engine thread (re-packing vLLM's CPU GEMM weights in a background thread competed with decoding "
+        "for the cores: decode steps up to 7x the median); 0: a background thread. CUDA always uses a "
+        "background thread and a side stream",
+    )
+    reload_slice_bytes: int = Field(
+        8 << 20, ge=0, description="largest read or packing call in one reload work item (0: whole tensors)"
+    )
     policy: OffloadPolicyConfig = Field(default_factory=OffloadPolicyConfig)
     backoff: BackoffConfig = Field(default_factory=BackoffConfig)
     trace_file: str | None = Field(None, description="append one JSON line per step (benchmarks)")

@@ -7,7 +7,8 @@ parameters, so they cannot be copied out and back like the rest of the draft. Wh
 being loaded (``SpecDecodeBaseProposer.load_model``), and only when elastic memory is enabled, this
 hook writes each linear's unpacked weight to a file (the host tier, outside the process's RSS) and
 marks the layer. Offload then drops ``layer.cpu_linear`` (freeing the packed copy); reload reads
-the weight back and calls vLLM's own dispatch again. CUDA never packs: nothing is recorded there
+the weight back and packs it again (vLLM's own dispatch, or row blocks for large weights). CUDA
+never packs: nothing is recorded there
 and the weight mover only sees plain parameters.
 
 Installed from the ``vllm.general_plugins`` entry point in every vLLM process; inert otherwise.
@@ -19,6 +20,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,16 +126,51 @@ def install() -> bool:
     return True
 
 
-def redispatch(layer: torch.nn.Module, weight: torch.Tensor | None) -> None:
-    """Rebuild ``layer.cpu_linear`` with vLLM's dispatch (``weight`` for layers vLLM emptied)."""
+def repack_steps(layer: torch.nn.Module, weight: torch.Tensor | None, max_chunk_bytes: int) -> Iterator[None]:
+    """Rebuild ``layer.cpu_linear``, yielding after each packing call so a caller can spread the work
+    over engine steps. A weight above ``max_chunk_bytes`` (> 0) on vLLM's oneDNN path is packed as
+    row blocks of at most that size (one handle each, outputs concatenated): packing the draft's
+    49152 x 576 lm_head in one call takes 70-230 ms here, longer than a decode step. Row blocks give
+    the same dot products; the target verifies every draft token, so the output cannot change."""
     import vllm.model_executor.layers.utils as lu
+    from vllm import _custom_ops as ops
 
     info: PackedInfo = layer._nightjar_packed
     if info.remove_weight:
         assert weight is not None
         layer.weight = torch.nn.Parameter(weight, requires_grad=False)
-    fn = getattr(lu.dispatch_cpu_unquantized_gemm, "__wrapped__", lu.dispatch_cpu_unquantized_gemm)
-    fn(layer, info.remove_weight)
+    w = layer.weight
+    nbytes = w.numel() * w.element_size()
+    if max_chunk_bytes <= 0 or nbytes <= max_chunk_bytes or not _onednn_path(w):
+        fn = getattr(lu.dispatch_cpu_unquantized_gemm, "__wrapped__", lu.dispatch_cpu_unquantized_gemm)
+        fn(layer, info.remove_weight)
+        yield
+        return
+    rows = max(1, max_chunk_bytes // (w.shape[1] * w.element_size()))
+    blocks = []
+    for start in range(0, w.shape[0], rows):
+        blocks.append((start, start + rows, ops.create_onednn_mm(w[start : start + rows].t(), 32)))
+        yield
+
+    def chunked_linear(x: torch.Tensor, _w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.cat([ops.onednn_mm(h, x, None if bias is None else bias[a:b]) for a, b, h in blocks], dim=-1)
+
+    layer.cpu_linear = chunked_linear
+    if info.remove_weight:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=w.dtype, device=w.device), requires_grad=False)
+
+
+def _onednn_path(w: torch.Tensor) -> bool:
+    """True where vLLM 0.32's dispatch would pack ``w`` with oneDNN (not zentorch, not sgl-kernel)."""
+    import vllm.model_executor.layers.utils as lu
+    from vllm import _custom_ops as ops
+    from vllm.platforms import CpuArchEnum, current_platform
+
+    if current_platform.is_zen_cpu() and hasattr(torch.ops.zentorch, "zentorch_linear_unary"):
+        return False
+    if lu.check_cpu_sgl_kernel(w.shape[0], w.shape[1], w.dtype):
+        return False
+    return bool(ops._supports_onednn) and current_platform.get_cpu_architecture() != CpuArchEnum.POWERPC
 
 
 def _offloaded_linear(*_: Any, **__: Any) -> torch.Tensor:

@@ -159,7 +159,7 @@ class ElasticMemoryManager:
             self._trace.write(json.dumps(rec) + "\n")
 
     def _poll(self) -> dict[str, Any]:
-        res = self.rpc(wa.rpc_poll)
+        res = self.rpc(wa.rpc_poll, args=(self.config.reload_slice_s,))
         out = dict(res[0])
         out["done"] = all(r.get("done", True) for r in res)
         errs = [r["error"] for r in res if r.get("error")]
@@ -167,9 +167,9 @@ class ElasticMemoryManager:
         out["duration_s"] = max(r.get("duration_s", 0.0) for r in res)
         return out
 
-    def _start(self, op: Callable[..., Any], what: str) -> str | None:
+    def _start(self, op: Callable[..., Any], what: str, args: tuple[Any, ...] = ()) -> str | None:
         try:
-            self.rpc(op)
+            self.rpc(op, args=args)
             return None
         except Exception as e:  # noqa: BLE001 - e.g. a worker refusing; reported as a failed move
             log.warning("nightjar memory: could not start draft %s: %s", what, e)
@@ -289,7 +289,7 @@ class ElasticMemoryManager:
                 self._reload_failed(f"releasing KV pages: {type(e).__name__}: {e}", self.clock())
                 return
         self.sm.to(DraftState.RELOADING, f"extra blocks drained, {self.released_bytes} bytes of KV pages released")
-        err = self._start(wa.rpc_reload, "reload")
+        err = self._start(wa.rpc_reload, "reload", args=(self.config.reload_slice_s, self.config.reload_slice_bytes))
         if err:
             self._reload_failed(err, self.clock())
 

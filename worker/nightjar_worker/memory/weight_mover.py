@@ -17,7 +17,8 @@ so later offloads only free the device tensors. Parameters that share storage wi
 (e.g. tied embeddings vLLM shares between draft and target) are never moved.
 
 Step contract: ``start_offload()`` / ``start_reload()`` return a ``MoveTask`` immediately; the
-caller polls ``task.done``. The draft must not run between ``start_offload`` and a completed
+caller polls ``task.done`` (a stepped reload does its work only inside ``task.advance(budget_s)``,
+called between engine steps). The draft must not run between ``start_offload`` and a completed
 reload (the scheduler holds gamma at 0: see ``manager.py``); a failed reload leaves the draft
 offloaded and its parameters empty, so the device memory budget is still respected.
 """
@@ -32,7 +33,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -52,9 +53,39 @@ class MoveTask:
     error: str | None = None
     duration_s: float = 0.0
     bytes_moved: int = 0
+    busy_s: float = 0.0  # time spent working (stepped: the sum of the slices)
+    slices: int = 0
     _thread: threading.Thread | None = None
+    _steps: Iterator[None] | None = None  # stepped mode: the remaining work, advanced by the caller
+    _finish: Callable[[], None] | None = None
+
+    def advance(self, budget_s: float) -> bool:
+        """Stepped mode: do work items on the calling thread until ``budget_s`` is spent (at least one
+        item). No-op for a threaded task. Returns ``done``."""
+        if self._steps is None or self.done:
+            return self.done
+        t0 = time.monotonic()
+        self.slices += 1
+        try:
+            while True:
+                next(self._steps)
+                if time.monotonic() - t0 >= budget_s:
+                    break
+        except StopIteration:
+            self._steps = None
+        except Exception as e:  # noqa: BLE001 - reported like a threaded failure
+            self._steps = None
+            self.error = f"{type(e).__name__}: {e}"
+            log.warning("nightjar memory: draft %s failed: %s", self.kind, self.error)
+        finally:
+            self.busy_s += time.monotonic() - t0
+        if self._steps is None and self._finish is not None:
+            self._finish()
+        return self.done
 
     def wait(self, timeout: float | None = None) -> bool:
+        if self._steps is not None:
+            self.advance(float("inf"))
         if self._thread is not None:
             self._thread.join(timeout)
         return self.done
@@ -195,17 +226,6 @@ class DraftWeightMover:
         self._sync()
         return self.param_bytes
 
-    def _copy_to_device(self) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        with self._stream_ctx():
-            for off, shape, dtype in self.meta:
-                t = torch.empty(shape, dtype=dtype, device=self.device)
-                if t.numel():
-                    self._store.read_into(off, t.view(-1).view(torch.uint8))
-                out.append(t)
-        self._sync()
-        return out
-
     @staticmethod
     def _packed_nbytes(m: torch.nn.Module) -> int:
         info = m._nightjar_packed
@@ -225,24 +245,43 @@ class DraftWeightMover:
             torch.cuda.empty_cache()
 
     # -- async API ------------------------------------------------------------------------------------
-    def _run(self, task: MoveTask, body: Callable[[], int]) -> MoveTask:
+    def _run(self, task: MoveTask, work: Iterator[None], stepped: bool = False) -> MoveTask:
+        """Run ``work`` (a generator that yields between items and returns the bytes moved) in a
+        background thread, or, ``stepped``, leave it to ``task.advance`` on the caller's thread."""
+        if self.task is not None and not self.task.done:
+            raise RuntimeError(f"draft weights: a {self.task.kind} is still running")
+        result: dict[str, int] = {}
+
+        def body() -> Iterator[None]:
+            result["bytes"] = yield from work
+
+        def finish() -> None:
+            task.bytes_moved = result.get("bytes", 0)
+            task.duration_s = time.monotonic() - task.started_s
+            task.done = True
+            if self.on_done is not None:
+                self.on_done(task)
+
+        self.task = task
+        task._finish = finish
+        if stepped:
+            task._steps = body()
+            return task
+
         def target() -> None:
             # No lowered OS priority on purpose: this thread takes the GIL between copies, and a
             # starved low-priority GIL holder stalls the decoding thread (priority inversion, measured).
+            t0 = time.monotonic()
             try:
-                task.bytes_moved = body()
+                for _ in body():
+                    pass
             except Exception as e:  # noqa: BLE001 - any failure is reported, never raised into the worker loop
                 task.error = f"{type(e).__name__}: {e}"
                 log.warning("nightjar memory: draft %s failed: %s", task.kind, task.error)
             finally:
-                task.duration_s = time.monotonic() - task.started_s
-                task.done = True
-                if self.on_done is not None:
-                    self.on_done(task)
+                task.busy_s = time.monotonic() - t0
+                finish()
 
-        if self.task is not None and not self.task.done:
-            raise RuntimeError(f"draft weights: a {self.task.kind} is still running")
-        self.task = task
         th = threading.Thread(target=target, name=f"nightjar-draft-{task.kind}", daemon=True)
         task._thread = th
         th.start()
@@ -253,7 +292,7 @@ class DraftWeightMover:
             raise RuntimeError("draft weights: offload requested but the draft is not resident")
         self.usable = False  # before the copy thread starts: no draft forward from now on
 
-        def body() -> int:
+        def work() -> Iterator[None]:
             moved = 0
             if not self._host_valid:
                 moved = self._copy_to_host()
@@ -261,33 +300,46 @@ class DraftWeightMover:
             self._free_device()
             self.resident = False
             return moved
+            yield  # a generator with no yield point: the offload runs as one item
 
-        return self._run(MoveTask("offload"), body)
+        return self._run(MoveTask("offload"), work())
 
-    def start_reload(self) -> MoveTask:
+    def start_reload(self, slice_bytes: int = 0, stepped: bool = False) -> MoveTask:
+        """Bring the draft back. ``stepped``: nothing runs until the caller advances the task between
+        engine steps (CPU, where re-packing the GEMM weights competes with decoding for the cores);
+        otherwise a background thread (CUDA: copies on a side stream). ``slice_bytes`` > 0 bounds one
+        work item: reads and packs of larger tensors are split."""
         if self.resident:
             raise RuntimeError("draft weights: reload requested but the draft is resident")
+        return self._run(MoveTask("reload"), self._reload_work(slice_bytes), stepped=stepped)
 
-        def body() -> int:
-            self.faults.check_reload()
-            new = self._copy_to_device()  # allocation failures surface here, before any swap
-            try:
-                for (_, p), t in zip(self.params, new, strict=True):
-                    p.data = t
-                if self.packed:
-                    from . import cpu_packed
+    def _reload_work(self, slice_bytes: int) -> Iterator[None]:
+        from . import cpu_packed
 
-                    for _, m in self.packed:
-                        info = m._nightjar_packed
-                        cpu_packed.redispatch(m, info.load() if info.remove_weight else None)
-            except BaseException:
-                self._free_device()  # all or nothing: a half-restored draft must not stay in memory
-                raise
-            self.resident = True
-            self.usable = True
-            return self.param_bytes
-
-        return self._run(MoveTask("reload"), body)
+        self.faults.check_reload()
+        new: list[torch.Tensor] = []
+        with self._stream_ctx():  # allocation failures surface here, before any swap
+            for off, shape, dtype in self.meta:
+                t = torch.empty(shape, dtype=dtype, device=self.device)
+                flat = t.view(-1).view(torch.uint8)
+                step = slice_bytes if slice_bytes > 0 else max(1, flat.numel())
+                for a in range(0, flat.numel(), step):
+                    self._store.read_into(off + a, flat[a : a + step])
+                    yield
+                new.append(t)
+        self._sync()
+        try:
+            for (_, p), t in zip(self.params, new, strict=True):
+                p.data = t
+            for _, m in self.packed:
+                info = m._nightjar_packed
+                yield from cpu_packed.repack_steps(m, info.load() if info.remove_weight else None, slice_bytes)
+        except BaseException:
+            self._free_device()  # all or nothing: a half-restored draft must not stay in memory
+            raise
+        self.resident = True
+        self.usable = True
+        return self.param_bytes
 
     def device_bytes(self) -> int:
         plain = sum(p.numel() * p.element_size() for _, p in self.params)

@@ -80,7 +80,8 @@ class WorkerMemoryAgent:
         t = self.mover.task
         out: dict[str, Any] = {"resident": self.mover.resident, "rss_bytes": _rss_bytes()}
         if t is not None:
-            out.update(kind=t.kind, done=t.done, error=t.error, duration_s=t.duration_s, bytes=t.bytes_moved)
+            out.update(kind=t.kind, done=t.done, error=t.error, duration_s=t.duration_s, bytes=t.bytes_moved,
+                       busy_s=t.busy_s, slices=t.slices)
         return out
 
 
@@ -111,14 +112,20 @@ def rpc_offload(worker: Any) -> dict[str, Any]:
     return a.poll()
 
 
-def rpc_reload(worker: Any) -> dict[str, Any]:
+def rpc_reload(worker: Any, slice_s: float = 0.0, slice_bytes: int = 0) -> dict[str, Any]:
+    """``slice_s`` > 0 on CPU: a stepped reload, advanced by ``rpc_poll`` between steps (a thread would
+    compete with decoding for the cores); CUDA always copies in a background thread on a side stream."""
     a = _agent(worker)
-    a.mover.start_reload()
+    a.mover.start_reload(slice_bytes, stepped=slice_s > 0 and a.device.type == "cpu")
     return a.poll()
 
 
-def rpc_poll(worker: Any) -> dict[str, Any]:
-    return _agent(worker).poll()
+def rpc_poll(worker: Any, slice_s: float = 0.0) -> dict[str, Any]:
+    """Progress of the current move; a stepped reload first does up to ``slice_s`` of its work here."""
+    a = _agent(worker)
+    if a.mover.task is not None and slice_s > 0:
+        a.mover.task.advance(slice_s)
+    return a.poll()
 
 
 def rpc_wait(worker: Any, timeout_s: float) -> dict[str, Any]:
