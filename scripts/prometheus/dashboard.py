@@ -232,7 +232,13 @@ def overview() -> dict[str, Any]:
     L.add(timeseries(
         "Planner decision time p99",
         "Wall time of one decide() call (nightjar_planner_decision_seconds).",
-        [target(q("0.99", "nightjar_planner_decision_seconds"), "{{nightjar_deployment}} p99")], unit="s"), w=24, h=6)
+        [target(q("0.99", "nightjar_planner_decision_seconds"), "{{nightjar_deployment}} p99")], unit="s"), w=12, h=6)
+    L.add(timeseries(
+        "Acceptance gate (no gamma > 0 exploration)",
+        "1 while a worker's pooled draft acceptance is too low for any gamma > 0 to pay, so its planner stops "
+        "exploring speculation (nightjar_planner_acceptance_gate_closed); it re-opens now and then to re-probe.",
+        [target(f"max by (nightjar_deployment, instance) (nightjar_planner_acceptance_gate_closed{{{S}}})",
+                "{{instance}}")], unit="short"), w=12, h=6)
 
     # ---- Acceptance -----------------------------------------------------------------------------
     L.row("Draft acceptance per arm")

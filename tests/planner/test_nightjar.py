@@ -260,3 +260,37 @@ def test_prior_pseudo_counts_are_capped():
     pol.set_priors(_wrong_priors(LOSS_B4, count=1e6))
     counts = [e.count for e in pol.snapshot().entries]
     assert counts and max(counts) <= 20.0 + 1e-9
+
+
+def _useless_draft_run(cfg: PlannerConfig, steps: int = 4000, seed: int = 0) -> tuple[NightjarPolicy, int]:
+    """Draft never accepted: every gamma > 0 step costs more (draft + verification) for the same
+    tokens. Batch sizes spread over many buckets. Returns the policy and its gamma > 0 steps."""
+    pol = build_policy(cfg)
+    rng = random.Random(seed)
+    spec_steps = 0
+    for _ in range(steps):
+        b = rng.choice([1, 2, 3, 5, 8, 12, 20, 32, 48, 64])
+        g = pol.decide(b)
+        t = 1e-3 * b ** 0.5 * (1.0 + 0.3 * g) * (1.0 + 0.05 * rng.gauss(0.0, 1.0))
+        pol.observe(StepFeedback(batch_size=b, gamma=g, step_time_s=t, tokens_emitted=b,
+                                 num_draft_tokens=b * g, num_accepted_tokens=0))
+        spec_steps += g > 0
+    return pol, spec_steps
+
+
+def test_acceptance_gate_stops_exploring_a_draft_that_is_never_accepted():
+    gated, with_gate = _useless_draft_run(PlannerConfig(seed=1))
+    _, without = _useless_draft_run(PlannerConfig(seed=1, min_acceptance=0.0))
+    assert gated.acceptance_gate_closed()
+    assert with_gate <= 0.25 * without, (with_gate, without)
+    # the pooled evidence decays: after a few half-lives of plain steps the gate re-opens (re-probe)
+    for _ in range(3 * gated.config.acceptance_halflife_steps):
+        gated.observe(StepFeedback(batch_size=8, gamma=0, step_time_s=1e-3, tokens_emitted=8))
+    assert not gated.acceptance_gate_closed()
+
+
+def test_acceptance_gate_stays_open_for_a_useful_draft():
+    pol = build_policy(PlannerConfig(seed=2))
+    chosen = run_env(pol, {4: LOSS_B4}, [4] * 2000, seed=2)  # 50 % acceptance
+    assert not pol.acceptance_gate_closed()
+    assert chosen[-500:].count(3) >= 400

@@ -64,6 +64,11 @@ planner_count = Gauge(
     "nightjar_planner_count", "Planner's (discounted) observation count per (bucket, gamma)", ["bucket", "gamma"],
     multiprocess_mode=_MP,
 )
+planner_acceptance_gate_closed = Gauge(
+    "nightjar_planner_acceptance_gate_closed",
+    "1 while the planner's acceptance gate stops exploring gamma > 0 (pooled draft acceptance too low to pay)",
+    multiprocess_mode=_MP,
+)
 batch_size = Histogram("nightjar_batch_size", "Requests in the decoding batch per step", buckets=BATCH_BUCKETS)
 planner_decision_seconds = Histogram(
     "nightjar_planner_decision_seconds", "Wall time of one policy decide() call", buckets=DECISION_BUCKETS
@@ -150,6 +155,9 @@ class WorkerMetrics:
             if loss is not None:
                 planner_loss_seconds.labels(bucket=str(b), gamma=str(g)).set(loss)
             planner_count.labels(bucket=str(b), gamma=str(g)).set(count)
+
+    def set_acceptance_gate(self, closed: bool) -> None:
+        planner_acceptance_gate_closed.set(1 if closed else 0)
 
     # -- runtime config ------------------------------------------------------------------------------
     def config_applied(self, cfg: Any) -> None:

@@ -161,17 +161,21 @@ class EngineControl:
         now = time.monotonic()
         with self.lock:
             self.policy.observe(fb)
-            snap = None
+            snap = gate_closed = None
             if self.metrics is not None and now - self._last_snapshot >= self._snapshot_every_s:
                 self._last_snapshot = now
                 if hasattr(self.policy, "snapshot"):
                     snap = self.policy.snapshot()
+                gate = getattr(self.policy, "acceptance_gate_closed", None)
+                gate_closed = gate() if gate is not None else None
         if self.metrics is not None:
             self.metrics.observe_step(stats.gamma, stats.batch_size, stats.num_draft_tokens, stats.num_accepted_tokens)
             if stats.catchup_s > 0:
                 self.metrics.observe_switch_cost(stats.catchup_s)
             if snap is not None:
                 self.metrics.set_planner_snapshot(snap)
+            if gate_closed is not None:
+                self.metrics.set_acceptance_gate(gate_closed)
         if self._sink is not None:
             self._sink(stats)
         for fn in list(_listeners):

@@ -105,6 +105,15 @@ class PlannerConfig(BaseModel):
     prefill_correction: bool = Field(
         True, description="subtract the learnt cost of prefill tokens merged into a step from its loss"
     )
+    min_acceptance: float = Field(
+        0.05, ge=0, lt=1,
+        description="acceptance gate: no bucket explores gamma > 0 while the draft's acceptance (pooled "
+        "over buckets, upper confidence bound) is below this; 0 turns the gate off",
+    )
+    acceptance_gate_tokens: int = Field(64, ge=1, description="drafted tokens before the gate may close")
+    acceptance_halflife_steps: int = Field(
+        4096, ge=1, description="half-life of the gate's pooled counts (steps): it re-opens to re-probe"
+    )
     prior_max_count: float = Field(
         64.0, description="upper bound on the pseudo-count of an injected prior per bucket and arm"
     )

@@ -30,7 +30,12 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
     edge);
   * ``prefill_correction``: prompt tokens prefilled in the same step (``StepFeedback.prefill_tokens``)
     cost the same whatever gamma is; their learnt per-token cost is subtracted, otherwise arms that
-    emit more tokens look better merely by amortising someone else's prefill.
+    emit more tokens look better merely by amortising someone else's prefill;
+  * acceptance gate (``min_acceptance``): acceptance is a property of the draft and the content, not
+    of the batch size, so it is pooled over all buckets; once its upper confidence bound is below
+    ``min_acceptance`` no bucket explores gamma > 0 (a draft that is almost never accepted cannot
+    pay, whatever the batch). The pooled counts decay (``acceptance_halflife_steps``), so the gate
+    re-opens now and then and a change of content is noticed.
 
 Evidence is discounted per observation (``discount``) so the planner tracks drifting acceptance.
 
@@ -47,11 +52,11 @@ from nightjar_worker.planner.config import PlannerConfig, PlannerPriors, PriorEn
 from nightjar_worker.planner.policy import StepFeedback
 
 _DEFAULT_CV = 0.3  # relative noise assumed before a bucket has its own estimate
-_ESTABLISHED = 32.0
-_MIN_ELIMINATE = 4.0
+_ESTABLISHED = 32.0  # effective observations before a bucket's best arm constrains its neighbours
+_MIN_ELIMINATE = 4.0  # an arm is never ruled out on fewer (effective) observations
 _LAG_DECAY = 1.0 - 1.0 / 256
 _MAX_DWELL = 1024  # cap on the amortisation horizon of a flip (steps)
-_MIN_REGRESSION = 20  # prefill-slope samples before a draft-on/off specific slope is trusted  # an arm is never ruled out on fewer (effective) observations  # effective observations before a bucket's best arm constrains its neighbours
+_MIN_REGRESSION = 20  # prefill-slope samples before a draft-on/off specific slope is trusted
 
 
 @dataclass
@@ -119,6 +124,8 @@ class NightjarPolicy:
         self._switch_ema: float | None = None
         self._sw = [0.0] * 5  # C_switch regression sums: n, x, y, xx, xy (x = missed tokens)
         self._off_tokens = 0.0  # tokens emitted/prefilled since speculation went off
+        self._drafted = 0.0  # draft tokens verified, all buckets (decaying: see acceptance gate)
+        self._accepted = 0.0
         self.stats = NightjarStats()
         self._apply_knobs(config)
 
@@ -136,6 +143,8 @@ class NightjarPolicy:
         self._norm = c.normalise_batch and not paper
         self._grow = c.growing_window and not paper
         self._prefill = c.prefill_correction and not paper
+        self._gate = c.min_acceptance if not paper else 0.0
+        self._acc_decay = 0.5 ** (1.0 / c.acceptance_halflife_steps)
 
     def apply_config(self, config: PlannerConfig) -> None:
         """Runtime update of the exploration knobs, SLO and switch-cost override (same arms/buckets)."""
@@ -229,6 +238,8 @@ class NightjarPolicy:
             sw[2] = f * sw[2] + y
             sw[3] = f * sw[3] + x * x
             sw[4] = f * sw[4] + x * y
+        self._drafted = self._drafted * self._acc_decay + fb.num_draft_tokens
+        self._accepted = self._accepted * self._acc_decay + fb.num_accepted_tokens
         if fb.gamma == 0:
             # what the draft misses; requests that finish take their share away (~1/256 per step)
             self._off_tokens = self._off_tokens * _LAG_DECAY + fb.tokens_emitted + fb.prefill_tokens
@@ -578,6 +589,8 @@ class NightjarPolicy:
         best: int,
     ) -> list[int]:
         pool = list(cand)
+        if self.acceptance_gate_closed():
+            pool = [i for i in pool if self._arms[i] == 0] or pool
         if self._mono and self._slo is None:
             hi = self._neighbour_best(c, -1)  # best gamma of a smaller-batch bucket: upper bound
             lo = self._neighbour_best(c, +1)  # best gamma of a larger-batch bucket: lower bound
@@ -605,6 +618,16 @@ class NightjarPolicy:
             if pool == [best]:
                 return []
         return pool
+
+    def acceptance_gate_closed(self) -> bool:
+        """True when the pooled acceptance's upper confidence bound (Wilson, ``confidence_z``) over
+        at least ``acceptance_gate_tokens`` drafted tokens is below ``min_acceptance``."""
+        n = self._drafted
+        if self._gate <= 0 or n < self.config.acceptance_gate_tokens:
+            return False
+        p, z2 = min(1.0, self._accepted / n), self.config.confidence_z ** 2
+        ucb = (p + z2 / (2 * n) + math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) * math.sqrt(z2)) / (1 + z2 / n)
+        return ucb < self._gate
 
     def _neighbour_best(self, c: int, step: int) -> int | None:
         d = c + step
