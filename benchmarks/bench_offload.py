@@ -221,28 +221,32 @@ def main() -> None:
     reload_evs = [e for e in trans if e["from"] == "reloading" and e["t"] >= c_t0]
     reload_s = reload_evs[0]["duration_s"] if reload_evs else float("nan")
     offload_s = next((e["duration_s"] for e in trans if e["from"] == "offloading"), float("nan"))
-    # decode steps of phase C: dt at on_step(i) is step i-1's duration, i.e. the step spans
-    # [t - dt, t]; a step that admitted requests (running grew) was a prefill step and is left out.
-    # A step "during the reload" is one whose span overlaps [entered reloading, left reloading]: a
-    # small draft comes back within one step, so no step may start *in* the reloading state.
-    rl_t0 = next((e["t"] for e in trans if e["to"] == "reloading" and e["t"] >= c_t0), None)
-    rl_t1 = next((e["t"] for e in trans if e["from"] == "reloading" and rl_t0 is not None and e["t"] >= rl_t0), None)
+    # Decode steps of phase C: the record of on_step(i) carries dt = step i-1's execution plus
+    # on_step(i)'s own work (``work_s``: reload slices, KV page release). A step that admitted
+    # requests (running grew) was a prefill step and is left out. "During the reload": records whose
+    # on_step *began* in RELOADING (a step executed while the weights were coming back, plus the
+    # slice done after it) and the record that entered RELOADING (its page release).
     c_steps = in_window(c["t0"], c["t1"])
-    dec_all: list[float] = []
     by_batch: dict[int, list[float]] = {}  # decode step times outside the reload, per batch size
-    dec_reload: list[tuple[int, float]] = []
+    dec_reload: list[tuple[int, float, float]] = []  # (batch, dt, work_s)
     for prev, cur in zip(c_steps, c_steps[1:], strict=False):
         if cur["dt"] is None or cur["running"] > prev["running"] or prev["running"] == 0:
             continue
-        dec_all.append(cur["dt"])
-        if rl_t0 is not None and rl_t1 is not None and cur["t"] - cur["dt"] <= rl_t1 and cur["t"] >= rl_t0:
-            dec_reload.append((prev["running"], cur["dt"]))
+        if prev["state"] == "reloading" or (cur["state"] == "reloading" and prev["state"] != "reloading"):
+            dec_reload.append((prev["running"], cur["dt"], cur.get("work_s", 0.0)))
         else:
             by_batch.setdefault(prev["running"], []).append(cur["dt"])
+    dec_all = [dt for v in by_batch.values() for dt in v]
     med = statistics.median(dec_all) if dec_all else float("nan")
-    # Each step during the reload against the median decode step at the same batch size (the
-    # holders make the batch shrink through phase C; a bigger batch is not a stall).
-    stall = max((dt / statistics.median(by_batch.get(b) or dec_all) for b, dt in dec_reload), default=float("nan"))
+
+    def ref_step(batch: int, dt: float, work: float) -> float:
+        """The same step without the reload: the median decode step at that batch size (the
+        holders make the batch shrink through phase C; a bigger batch is not a stall), or, for a
+        batch size seen only during the reload, the step minus the memory hook's own work."""
+        same = by_batch.get(batch)
+        return statistics.median(same) if same else max(dt - work, 1e-9)
+
+    stall = max((dt / ref_step(b, dt, w) for b, dt, w in dec_reload), default=float("nan"))
     rss_a = rss.max_between(a["t0"], a["t1"])
     rss_b = rss.max_between(b["t0"], b["t1"])
     rss_c = rss.max_between(c["t0"], c["t1"])
@@ -265,7 +269,8 @@ def main() -> None:
         f"extra blocks {extra} (ratio {blocks_gained_ratio:.3f}); max blocks used offloaded {max_used_b} "
         f"(base usable {base - 1})",
         f"offload {offload_s:.3f}s, reload {reload_s:.3f}s; decode step median {med * 1e3:.1f} ms, "
-        f"max during reload {max((dt for _, dt in dec_reload), default=float('nan')) * 1e3:.1f} ms over {len(dec_reload)} steps "
+        f"max during reload {max((dt for _, dt, _ in dec_reload), default=float('nan')) * 1e3:.1f} ms over {len(dec_reload)} steps, "
+        f"reload work per step max {max((w for _, _, w in dec_reload), default=float('nan')) * 1e3:.1f} ms "
         f"(stall ratio against the median step at the same batch size)",
         f"worker RSS max: resident {rss_a / 2**20:.0f} MiB, offloaded {rss_b / 2**20:.0f} MiB, "
         f"during reload {rss_c / 2**20:.0f} MiB",

@@ -213,6 +213,7 @@ class ElasticMemoryManager:
         )
 
     def on_step(self, planner_gamma: int, spec_gain_s: float | None = None, switch_cost_s: float = 0.0) -> StepDirective:
+        t_in = time.perf_counter()
         now = self.clock()
         self.step += 1
         self.steps_in_state += 1
@@ -276,6 +277,7 @@ class ElasticMemoryManager:
                 "waiting": view.num_waiting, "used": pool.used_blocks(), "allowed": d.allowed_blocks,
                 "gamma": d.clamp(planner_gamma),
                 "dt": None if self._last_step_t is None else t - self._last_step_t,
+                "work_s": t - t_in,  # this hook's own time (reload slices, page release), inside dt
             })
             self._last_step_t = t
         return d
