@@ -8,8 +8,7 @@ being loaded (``SpecDecodeBaseProposer.load_model``), and only when elastic memo
 hook writes each linear's unpacked weight to a file (the host tier, outside the process's RSS) and
 marks the layer. Offload then drops ``layer.cpu_linear`` (freeing the packed copy); reload reads
 the weight back and packs it again (vLLM's own dispatch, or row blocks for large weights). CUDA
-never packs: nothing is recorded there
-and the weight mover only sees plain parameters.
+never packs: nothing is recorded there and the weight mover only sees plain parameters.
 
 Installed from the ``vllm.general_plugins`` entry point in every vLLM process; inert otherwise.
 """

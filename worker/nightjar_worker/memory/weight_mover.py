@@ -311,6 +311,9 @@ class DraftWeightMover:
         work item: reads and packs of larger tensors are split."""
         if self.resident:
             raise RuntimeError("draft weights: reload requested but the draft is resident")
+        if stepped and self._stream is not None:
+            # the side-stream context must not stay current on the engine thread between slices
+            raise ValueError("draft weights: a stepped reload is for CPU; CUDA copies run in a thread on a side stream")
         return self._run(MoveTask("reload"), self._reload_work(slice_bytes), stepped=stepped)
 
     def _reload_work(self, slice_bytes: int) -> Iterator[None]:
