@@ -1,5 +1,3 @@
-# Not collected by `make test` (file name): it has not yet passed end to end on this machine (see issue 4 note).
-# Run it explicitly: .venv/bin/pytest -s tests/memory/engine_check_elastic.py
 """Elastic draft memory against a real vLLM engine on the bundled pair (marker ``engine``).
 
 One engine (EngineCore and worker in their own processes, as in serving), pinned through the
