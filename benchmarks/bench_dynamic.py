@@ -47,6 +47,7 @@ from benchmarks.serving import (
     openai_client,
     pair_args,
     pair_dirs,
+    pair_dtype,
     sample_metrics,
     set_cpu_env,
     switch_policy,
@@ -137,7 +138,7 @@ class Bench:
         self.results: dict[str, dict[str, dict]] = {}
         self.steps: dict[str, dict[str, dict]] = {}
         self.timelines: dict[str, dict[str, list]] = {}
-        self.meta: dict[str, Any] = {"pair": args.pair, "quick": args.quick, "scale": args.scale,
+        self.meta: dict[str, Any] = {"pair": args.pair, "dtype": pair_dtype(args.pair), "quick": args.quick, "scale": args.scale,
                                      "max_tokens": args.max_tokens, "max_prompt_chars": args.max_prompt_chars, "trace": self.spec.model_dump(),
                                      "phases": [[n, round(a, 2), round(b, 2)] for n, a, b in self.windows],
                                      "server_start_s": {}, "notes": [], "server_args": SERVER_ARGS}

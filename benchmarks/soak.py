@@ -40,6 +40,7 @@ from benchmarks.serving import (
     GroupRssSampler,
     openai_client,
     pair_args,
+    pair_dtype,
     set_cpu_env,
     switch_policy,
 )
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     common.write_json(out / "results.json", {
         "soak_s": soak_s, "requests": n, "lost": lost,
         "errors": [f"{r.qid}: {r.error}" for r in records if r.error is not None], "verdict": verdict, "recheck_alone_static4": recheck,
-        "rss_mib": pts, "rss_slope_mib_per_h": slope, "pair": args.pair, "quick": quick,
+        "rss_mib": pts, "rss_slope_mib_per_h": slope, "pair": args.pair, "dtype": pair_dtype(args.pair), "quick": quick,
         "divergences": margins, "reference": {str(q): v for q, v in refs.items()},
         "responses": [{"qid": r.qid, "policy": pol, "text": r.text, "error": r.error}
                       for r, pol in zip(records, policy_of, strict=True) if not r.dropped],
