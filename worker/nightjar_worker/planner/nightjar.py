@@ -33,9 +33,10 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
     emit more tokens look better merely by amortising someone else's prefill;
   * acceptance gate (``min_acceptance``): acceptance is a property of the draft and the content, not
     of the batch size, so it is pooled over all buckets; once its upper confidence bound is below
-    ``min_acceptance`` no bucket explores gamma > 0 (a draft that is almost never accepted cannot
-    pay, whatever the batch). The pooled counts decay (``acceptance_halflife_steps``), so the gate
-    re-opens now and then and a change of content is noticed.
+    ``min_acceptance`` no bucket plays gamma > 0, exploring or exploiting (a draft that is almost
+    never accepted cannot pay, whatever the batch). The pooled counts decay
+    (``acceptance_halflife_steps``), so the gate re-opens now and then and a change of content is
+    noticed.
 
 Evidence is discounted per observation (``discount``) so the planner tracks drifting acceptance.
 
@@ -97,6 +98,8 @@ class NightjarPolicy:
         # Prefill correction: sum of prefill_tokens * norm / tokens per cell, and a pooled
         # within-cell regression of step time on prefill tokens (slope = seconds per prompt token).
         self._sp = [[0.0] * na for _ in range(nb)]
+        self._st = [[0.0] * na for _ in range(nb)]  # time and prefill tokens per step (batch-normalised)
+        self._spt = [[0.0] * na for _ in range(nb)]
         self._mp: list[list[float | None]] = [[None] * na for _ in range(nb)]
         self._mt = [[0.0] * na for _ in range(nb)]
         # separately with the draft off (arm 0) and on: a resident, running draft prefills too
@@ -119,6 +122,7 @@ class NightjarPolicy:
         self._exploring = [False] * nb  # whether the current bin explores
         self._best = [-1] * nb  # cached exploit arm index (for the monotone prior)
         self._last_gamma = 0
+        self._prev_gamma = 0  # gamma of the last observed step (pipeline fill detection)
         self._run = 0  # steps since speculation last flipped on/off
         self._dwell = float(config.switch_amortise_steps)  # moving mean of those run lengths
         self._switch_ema: float | None = None
@@ -226,12 +230,23 @@ class NightjarPolicy:
 
     def observe(self, feedback: StepFeedback) -> None:
         fb = feedback
-        if fb.switch_cost_s > 0:
+        lut = self._lut
+        b = fb.batch_size
+        c = lut[b] if 0 <= b < len(lut) else lut[-1]
+        # Pipeline fill: drafts proposed in one step are verified in the next, so a step that raises
+        # gamma verifies only the previous step's drafts (none when the draft was off: one token per
+        # request, plus the drafting). It is not the arm's steady state and is not learnt as such;
+        # when resuming, its cost above a plain step belongs to the switch.
+        fill = fb.gamma > self._prev_gamma and not self._paper
+        resume = fill and self._prev_gamma == 0
+        self._prev_gamma = fb.gamma
+        switch_cost = fb.switch_cost_s + (self._fill_excess(c, fb) if resume else 0.0)
+        if switch_cost > 0:
             e = self._switch_ema
-            self._switch_ema = fb.switch_cost_s if e is None else 0.8 * e + 0.2 * fb.switch_cost_s
+            self._switch_ema = switch_cost if e is None else 0.8 * e + 0.2 * switch_cost
             self.stats.switch_cost_s_ema = self._switch_ema
             # C_switch = fixed + rate * (tokens the draft missed while off): discounted least squares.
-            x, y, f = self._off_tokens, fb.switch_cost_s, 0.95
+            x, y, f = self._off_tokens, switch_cost, 0.95
             sw = self._sw
             sw[0] = f * sw[0] + 1.0
             sw[1] = f * sw[1] + x
@@ -246,11 +261,8 @@ class NightjarPolicy:
         else:
             self._off_tokens = 0.0
         i = self._arm_idx.get(fb.gamma)
-        if i is None:
+        if i is None or fill:
             return
-        lut = self._lut
-        b = fb.batch_size
-        c = lut[b] if 0 <= b < len(lut) else lut[-1]
         tokens = max(1, fb.tokens_emitted)
         w = self._w[c]
         t = fb.step_time_s
@@ -258,7 +270,8 @@ class NightjarPolicy:
         if self._paper:
             t += fb.switch_cost_s  # the paper charges C_switch to the switching step itself
         self._bmean[c] += 0.05 * (b - self._bmean[c])
-        scale = (max(1, b) / self._edges[c] if self._norm else 1.0) / tokens
+        normf = max(1, b) / self._edges[c] if self._norm else 1.0
+        scale = normf / tokens
         if self._prefill:
             mp = self._mp[c][i]
             if mp is None:
@@ -274,15 +287,24 @@ class NightjarPolicy:
                     self._betas[k] = max(0.0, self._sxy[k] / self._sxx[k])
                 self._mp[c][i] = mp + 0.05 * x
                 self._mt[c][i] += 0.05 * y
-            self._sp[c][i] += w * p * scale
             loss = max(t - self._beta_for(fb.gamma) * p, 0.05 * t) * scale
         else:
             loss = t * scale
         self._raw[c][i] += 1
         self._n[c][i] += w
-        self._s[c][i] += w * t * scale
         self._ss[c][i] += w * loss * loss
         self._tok[c][i] += w * tokens
+        if self._paper:
+            self._s[c][i] += w * t * scale  # mean of per-step losses
+        else:
+            # latency per token = total time / total tokens (a ratio of sums): the mean of per-step
+            # ratios overweights steps that emit one token (every draft rejected), so it ranks
+            # long drafts too low; _s and _sp hold the ratio times the count, so s / n reads it.
+            self._st[c][i] += w * t * normf
+            self._spt[c][i] += w * p * normf
+            r = self._n[c][i] / self._tok[c][i]
+            self._s[c][i] = self._st[c][i] * r
+            self._sp[c][i] = self._spt[c][i] * r
         self._tpot[c][i] += w * t * max(1, b) / tokens
         # Growing-window forgetting: discount 1 - 1/(t + 10) for the bucket's t-th observation
         # (weights grow linearly with recency, so a cold-start transient fades), floored at the
@@ -305,7 +327,8 @@ class NightjarPolicy:
 
     # -- internals -----------------------------------------------------------------------------
     def _rescale(self, c: int, w: float) -> None:
-        for arr in (self._n, self._s, self._ss, self._tok, self._tpot, self._sp, self._pn, self._ps):
+        for arr in (self._n, self._s, self._ss, self._tok, self._tpot, self._sp, self._st, self._spt, self._pn,
+                    self._ps):
             row = arr[c]
             for i in range(len(row)):
                 row[i] /= w
@@ -324,6 +347,17 @@ class NightjarPolicy:
         means: list[float | None] = [ts[i] / tn[i] if tn[i] > 1e-12 else None for i in range(na)]
         inv = 1.0 / self._w[c]
         return means, [x * inv for x in tn]
+
+    def _fill_excess(self, c: int, fb: StepFeedback) -> float:
+        """Time of a pipeline-fill step above a plain (gamma 0) step of bucket c with the same
+        prefill; 0 while bucket c has no gamma-0 evidence."""
+        i = self._arm_idx.get(0)
+        if i is None or self._n[c][i] <= 0:
+            return 0.0
+        loss0 = self._corrected(c)[i] / self._n[c][i]  # per token, prefill removed, batch-normalised
+        plain = loss0 * (self._edges[c] if self._norm else max(1, fb.batch_size))
+        plain += self._beta_for(0) * fb.prefill_tokens if self._prefill else 0.0
+        return max(0.0, fb.step_time_s - plain)
 
     def _beta_for(self, gamma: int) -> float:
         """Learnt prefill seconds per prompt token with the draft off (gamma 0) or on."""
@@ -446,7 +480,7 @@ class NightjarPolicy:
         the held arm still wins with the switching cost charged."""
         means, counts = self._estimates(c)
         same = [
-            i for i in self._feasible(c)
+            i for i in self._gated(self._feasible(c))
             if means[i] is not None and (self._arms[i] > 0) == (self._last_gamma > 0)
         ]
         if not same:
@@ -503,7 +537,7 @@ class NightjarPolicy:
         if self._has_prior[c]:
             self._drop_conflicting_priors(c)
         means, counts = self._estimates(c)
-        cand = self._feasible(c)
+        cand = self._gated(self._feasible(c))
         eff = [
             (means[i] + self._switch_penalty(c, i, counts)) if means[i] is not None else None
             for i in range(len(self._arms))
@@ -534,8 +568,12 @@ class NightjarPolicy:
                     self._exploring[c] = True
                     if not self._paper:
                         # doubling: an arm with n observations is held at most n + 1 steps, so a
-                        # barely known (possibly bad) arm never gets a whole long bin
-                        self._bin_left[c] = min(self._bin_left[c], int(counts[choice]))
+                        # barely known (possibly bad) arm never gets a whole long bin; raising
+                        # gamma holds one step more (the pipeline-fill step is not observed)
+                        hold = min(self._bin_left[c], int(counts[choice]))
+                        if self._arms[choice] > self._last_gamma:
+                            hold = max(hold, 1)
+                        self._bin_left[c] = hold
         if choice < 0:
             choice = self._rng.choice(cand)
         self._arm[c] = choice
@@ -589,8 +627,6 @@ class NightjarPolicy:
         best: int,
     ) -> list[int]:
         pool = list(cand)
-        if self.acceptance_gate_closed():
-            pool = [i for i in pool if self._arms[i] == 0] or pool
         if self._mono and self._slo is None:
             hi = self._neighbour_best(c, -1)  # best gamma of a smaller-batch bucket: upper bound
             lo = self._neighbour_best(c, +1)  # best gamma of a larger-batch bucket: lower bound
@@ -618,6 +654,14 @@ class NightjarPolicy:
             if pool == [best]:
                 return []
         return pool
+
+    def _gated(self, cand: list[int]) -> list[int]:
+        """Candidates without gamma > 0 while the acceptance gate is closed: neither explored nor
+        exploited (a bucket whose only evidence is one lucky gamma > 0 step would otherwise keep
+        speculating with a draft that is never accepted)."""
+        if not self.acceptance_gate_closed():
+            return cand
+        return [i for i in cand if self._arms[i] == 0] or cand
 
     def acceptance_gate_closed(self) -> bool:
         """True when the pooled acceptance's upper confidence bound (Wilson, ``confidence_z``) over
