@@ -14,7 +14,8 @@ Load: the async generator in ``nightjar_worker.loadgen`` (OpenAI client, Poisson
 rate far above the service rate, capped at concurrency c, i.e. closed loop at c; Spec-Bench prompts
 interleaved by category), temperature 0. Lossless: a fixed prompt set at c=1 on the no-SD server and
 on the Nightjar server (and static-4, where the draft surely runs) must give identical text.
-Each level is preceded by the same load on other prompts, not measured (``--no-warmup`` skips it):
+Each level is preceded by the same load on other prompts, not measured (``--warmup-waves N`` sends
+N times that load, ``--no-warmup`` skips it):
 every policy is compared in its steady state, as in a long-running server; an adaptive policy's cold
 start is what bench-warmstart and bench-dynamic measure. The Qwen pair serves in float32 on CPU
 (``DTYPE`` overrides; docs/engine.md).
@@ -101,10 +102,11 @@ def _metric_deltas(before: dict, after: dict) -> dict[str, float]:
 
 async def run_policy(
     server: ServerProcess, concurrencies: list[int], prompts, *, max_tokens: int, n_req, lossless_prompts,
-    warmup: bool = False,
+    warmup: int = 0,
 ) -> tuple[dict[int, dict], list[str] | None]:
-    """``warmup``: before each level, the same load on other prompts, not measured (steady state for
-    every policy: an adaptive one has learnt that batch size, as in a long-running server)."""
+    """``warmup``: before each level, that many times the level's load on other prompts, not
+    measured (steady state for every policy: an adaptive one has learnt that batch size, as in a
+    long-running server)."""
     import httpx
     from openai import AsyncOpenAI
 
@@ -121,7 +123,7 @@ async def run_policy(
             texts = [r.text if r.error is None else f"<error {r.error}>" for r in recs]
         for c in concurrencies:
             if warmup:
-                await loadgen.run_closed_loop(client, model, prompts[len(prompts) // 2 :], c, n_req(c),
+                await loadgen.run_closed_loop(client, model, prompts[len(prompts) // 2 :], c, warmup * n_req(c),
                                               max_tokens=max_tokens)
             before = await loadgen.scrape(http, server.url)
             t0 = time.perf_counter()
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="switch mode: run no-SD on the same server too (planner policy 'nosd': no draft forward)")
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                     help="an unmeasured run of each level's load first (steady state; cold start is bench-warmstart's)")
+    ap.add_argument("--warmup-waves", type=int, default=1,
+                    help="how many times each level's load the warm-up sends (a longer-running server)")
     ap.add_argument("--mode", choices=("restart", "switch"), default="switch" if quick else "restart",
                     help="restart: a native vLLM server per baseline; switch: one Nightjar server, policy switched")
     args = ap.parse_args(argv)
@@ -235,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     order = [p for p in args.policies if p != "vllm-table"] + (["vllm-table"] if "vllm-table" in args.policies else [])
     meta["mode"] = args.mode
     meta["warmup"] = args.warmup
+    meta["warmup_waves"] = args.warmup_waves if args.warmup else 0
     meta["nosd_switched"] = args.mode == "switch" and args.nosd_switched
     t_all = time.perf_counter()
     shared: ServerProcess | None = None  # switch mode: the Nightjar-scheduler server
@@ -262,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 prompts, lossless = prompt_sets(shared)
                 lp = lossless if want_text else None
                 res, tx = asyncio.run(run_policy(shared, concurrencies, prompts, max_tokens=args.max_tokens,
-                                                 n_req=n_req, lossless_prompts=lp, warmup=args.warmup))
+                                                 n_req=n_req, lossless_prompts=lp, warmup=meta["warmup_waves"]))
             else:
                 t0 = time.perf_counter()
                 print(f"[{pol}] starting server ...", flush=True)
@@ -271,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                     prompts, lossless = prompt_sets(srv)
                     lp = lossless if want_text else None
                     res, tx = asyncio.run(run_policy(srv, concurrencies, prompts, max_tokens=args.max_tokens,
-                                                     n_req=n_req, lossless_prompts=lp, warmup=args.warmup))
+                                                     n_req=n_req, lossless_prompts=lp, warmup=meta["warmup_waves"]))
             results[pol] = res
             if tx is not None:
                 texts[pol] = tx

@@ -1,5 +1,5 @@
 # Serving area: the worker's API server, the demo and the serving benchmark (see docs/serving.md).
-.PHONY: serve demo bench-serve bench-cpu-gemm
+.PHONY: serve demo bench-serve bench-cpu-gemm readme-results
 
 PORT ?= 8000
 
@@ -14,3 +14,6 @@ bench-serve: install models ## every policy under closed-loop load on the real s
 
 bench-cpu-gemm: install ## bf16 vs fp32 GEMM cost per row count on this CPU (why the Qwen pair serves in float32)
 	$(PY) -m benchmarks.bench_cpu_gemm
+
+readme-results: ## regenerate the README's real-engine result tables from benchmarks/results/
+	$(PY) -m benchmarks.readme_results

@@ -3,7 +3,9 @@
 Step contract (one decoding step of the continuous batch):
   1. before scheduling, the engine calls ``decide(batch_size)`` and gets gamma in ``arms``;
      gamma == 0 means a plain autoregressive step (no draft forward at all);
-  2. the engine runs the step (verifying the drafts proposed for this step);
+  2. the engine runs the step: it verifies at most gamma of the drafts the *previous* step proposed
+     and proposes gamma for the next one, so a step that raises gamma verifies fewer (none when
+     the draft was off: one token per request) - pipeline fill, not the arm's steady state;
   3. after the step, the engine calls ``observe(StepFeedback(...))`` with what it measured.
      ``switch_cost_s`` is non-zero on the first step after speculation resumes from gamma == 0:
      the measured time to rebuild (catch up) the draft's KV cache, i.e. C_switch.
