@@ -204,6 +204,23 @@ def test_prefill_cost_is_separated():
     assert run(False).count(3) < run(True).count(3)
 
 
+def test_the_draft_own_prefill_stays_in_the_speculative_loss():
+    # The target prefills at 20 ms/token (learnt from draft-off steps); with the draft on, the draft
+    # prefills too (+10 ms/token). Only the target's share is taken out of gamma 3's loss.
+    pol = NightjarPolicy(PlannerConfig())
+    for k in range(40):
+        p = 100 * (k % 2)
+        pol.observe(StepFeedback(batch_size=1, gamma=0, step_time_s=0.5 + 0.02 * p, tokens_emitted=1,
+                                 prefill_tokens=p))
+    for k in range(41):  # the first is the pipeline-fill step
+        p = 100 * (k % 2)
+        pol.observe(StepFeedback(batch_size=1, gamma=3, step_time_s=0.8 + 0.03 * p, tokens_emitted=3,
+                                 num_draft_tokens=3, num_accepted_tokens=2, prefill_tokens=p))
+    loss = {e.gamma: e.mean_loss_s for e in pol.snapshot().entries}
+    assert loss[0] == pytest.approx(0.5, rel=1e-6)
+    assert loss[3] == pytest.approx((0.8 + 0.01 * 50) / 3, rel=0.05)  # 0.433, not 0.8 / 3
+
+
 def test_observe_ignores_unknown_arm():
     pol = build_policy(PlannerConfig(arms=[0, 2]))
     pol.observe(feedback(4, 3, 1e-3, random.Random(0)))

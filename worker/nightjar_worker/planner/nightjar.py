@@ -28,9 +28,10 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
     1/batch in the memory-bound regime, which otherwise confounds arms held at different batch sizes
     inside one bucket); ``snapshot``/priors use these normalised units (loss at the bucket's lower
     edge);
-  * ``prefill_correction``: prompt tokens prefilled in the same step (``StepFeedback.prefill_tokens``)
-    cost the same whatever gamma is; their learnt per-token cost is subtracted, otherwise arms that
-    emit more tokens look better merely by amortising someone else's prefill;
+  * ``prefill_correction``: the target's work on prompt tokens prefilled in the same step
+    (``StepFeedback.prefill_tokens``) costs the same whatever gamma is; its learnt per-token cost
+    (from draft-off steps) is subtracted, otherwise arms that emit more tokens look better merely by
+    amortising someone else's prefill. The running draft's own prefill stays in the gamma > 0 loss;
   * acceptance gate (``min_acceptance``): acceptance is a property of the draft and the content, not
     of the batch size, so it is pooled over all buckets; once its upper confidence bound is below
     ``min_acceptance`` no bucket plays gamma > 0, exploring or exploiting (a draft that is almost
@@ -95,11 +96,12 @@ class NightjarPolicy:
         self._ss = [[0.0] * na for _ in range(nb)]
         self._tok = [[0.0] * na for _ in range(nb)]
         self._tpot = [[0.0] * na for _ in range(nb)]
-        # Prefill correction: sum of prefill_tokens * norm / tokens per cell, and a pooled
-        # within-cell regression of step time on prefill tokens (slope = seconds per prompt token).
+        # Prefill correction: prompt tokens per generated token (batch-normalised) times the count,
+        # like _s, and a pooled within-cell regression of step time on prefill tokens (slope =
+        # seconds per prompt token).
         self._sp = [[0.0] * na for _ in range(nb)]
-        self._st = [[0.0] * na for _ in range(nb)]  # time and prefill tokens per step (batch-normalised)
-        self._spt = [[0.0] * na for _ in range(nb)]
+        self._st = [[0.0] * na for _ in range(nb)]  # sums of step time and prefill tokens (normalised),
+        self._spt = [[0.0] * na for _ in range(nb)]  # whose ratios to _tok give _s / n and _sp / n
         self._mp: list[list[float | None]] = [[None] * na for _ in range(nb)]
         self._mt = [[0.0] * na for _ in range(nb)]
         # separately with the draft off (arm 0) and on: a resident, running draft prefills too
@@ -287,12 +289,12 @@ class NightjarPolicy:
                     self._betas[k] = max(0.0, self._sxy[k] / self._sxx[k])
                 self._mp[c][i] = mp + 0.05 * x
                 self._mt[c][i] += 0.05 * y
-            loss = max(t - self._beta_for(fb.gamma) * p, 0.05 * t) * scale
+            loss = max(t - self._prefill_slope() * p, 0.05 * t) * scale
         else:
             loss = t * scale
         self._raw[c][i] += 1
         self._n[c][i] += w
-        self._ss[c][i] += w * loss * loss
+        self._ss[c][i] += w * loss * loss  # per-step spread (about the ratio mean: a little wider)
         self._tok[c][i] += w * tokens
         if self._paper:
             self._s[c][i] += w * t * scale  # mean of per-step losses
@@ -356,29 +358,24 @@ class NightjarPolicy:
             return 0.0
         loss0 = self._corrected(c)[i] / self._n[c][i]  # per token, prefill removed, batch-normalised
         plain = loss0 * (self._edges[c] if self._norm else max(1, fb.batch_size))
-        plain += self._beta_for(0) * fb.prefill_tokens if self._prefill else 0.0
+        plain += self._prefill_slope() * fb.prefill_tokens if self._prefill else 0.0
         return max(0.0, fb.step_time_s - plain)
 
-    def _beta_for(self, gamma: int) -> float:
-        """Learnt prefill seconds per prompt token with the draft off (gamma 0) or on."""
-        k = 1 if gamma > 0 else 0
-        if self._nreg[k] >= _MIN_REGRESSION:
-            return self._betas[k]
-        sxx = self._sxx[0] + self._sxx[1]  # too few of this state's own samples: pooled slope
+    def _prefill_slope(self) -> float:
+        """The target's learnt prefill seconds per prompt token, from steps with the draft off (a
+        running draft prefills too: that extra is a real cost of keeping it on, so it is left in the
+        gamma > 0 arms' loss, as the catch-up is charged to resuming it)."""
+        if self._nreg[0] >= _MIN_REGRESSION:
+            return self._betas[0]
+        sxx = self._sxx[0] + self._sxx[1]  # too few draft-off samples yet: pooled slope
         return max(0.0, (self._sxy[0] + self._sxy[1]) / sxx) if sxx > 0 else 0.0
 
-    @property
-    def _beta(self) -> float:
-        return max(self._beta_for(0), self._beta_for(1))
-
     def _corrected(self, c: int) -> list[float]:
-        """Loss sums of bucket c with the learnt prefill cost taken out."""
-        if not self._prefill or self._beta <= 0:
+        """Loss sums of bucket c with the target's learnt prefill cost taken out."""
+        beta = self._prefill_slope() if self._prefill else 0.0
+        if beta <= 0:
             return self._s[c]
-        return [
-            max(a - self._beta_for(g) * b, 0.05 * a)
-            for a, b, g in zip(self._s[c], self._sp[c], self._arms, strict=True)
-        ]
+        return [max(a - beta * b, 0.05 * a) for a, b in zip(self._s[c], self._sp[c], strict=True)]
 
     def _borrow(self, c: int, d: int, tn: list[float], ts: list[float]) -> None:
         """Add neighbour d's evidence to bucket c, rescaled via a reference arm both have tried."""
