@@ -50,8 +50,14 @@ def test_lossless_forced_switches(nightjar_llm, reference_outputs, steps, schedu
     gammas = [s.gamma for s in steps.steps]
     assert 0 in gammas and any(g > 0 for g in gammas)
     assert all(s.draft_forwards == 0 for s in steps.steps if s.gamma == 0)
-    resumes = [b for a, b in zip(steps.steps, steps.steps[1:], strict=False) if a.gamma == 0 and b.gamma > 0]
-    assert resumes and all(s.catchup_tokens > 0 and s.catchup_s > 0 for s in resumes)
+    pairs = [(a, b) for a, b in zip(steps.steps, steps.steps[1:], strict=False) if a.gamma == 0 and b.gamma > 0]
+    assert pairs and all(b.catchup_tokens > 0 and b.catchup_s > 0 for _, b in pairs)
+    # the draft's lag reported at gamma 0 (for the planner's C_switch model) is what the resume
+    # caught up on, less that step's own tokens; it is only measured at gamma 0
+    assert all(s.draft_lag_tokens >= 0 for s in steps.steps if s.gamma == 0)
+    assert all(s.draft_lag_tokens == -1 for s in steps.steps if s.gamma > 0)
+    for a, b in pairs:
+        assert a.draft_lag_tokens <= b.catchup_tokens <= a.draft_lag_tokens + a.tokens_emitted + a.num_prefill_tokens
 
 
 def _acceptance(steps) -> float:

@@ -221,6 +221,29 @@ def test_the_draft_own_prefill_stays_in_the_speculative_loss():
     assert loss[3] == pytest.approx((0.8 + 0.01 * 50) / 3, rel=0.05)  # 0.433, not 0.8 / 3
 
 
+def test_engine_reported_draft_lag_drives_the_switch_cost_prediction():
+    # C_switch = 0.1 s + 7.5 ms per missed token, learnt from four resumes. Then 600 plain steps at
+    # concurrency 1 as in bench-serve (300-token prompts, 32-token replies): the draft never lacks
+    # more than the running request, which only the engine's count knows; the planner's own guess
+    # keeps piling up finished requests' tokens (the Qwen c=1 step log: predicted 5-15 s, real 0.1-2.8).
+    def run(report: bool) -> float:
+        pol = NightjarPolicy(PlannerConfig())
+        for lag in (50, 150, 300, 200):
+            for j in range(lag):
+                pol.observe(StepFeedback(batch_size=1, gamma=0, step_time_s=0.5, tokens_emitted=1,
+                                         draft_lag_tokens=j if report else None))
+            pol.observe(StepFeedback(batch_size=1, gamma=3, step_time_s=0.5, tokens_emitted=1,  # fill step
+                                     switch_cost_s=0.1 + 0.0075 * lag))
+        for k in range(600):
+            lag = 300 + k % 32 if k % 32 else 0  # a new request prefills its 300-token prompt
+            pol.observe(StepFeedback(batch_size=1, gamma=0, step_time_s=0.5, tokens_emitted=1,
+                                     prefill_tokens=0 if k % 32 else 300, draft_lag_tokens=lag if report else None))
+        return pol._predict_switch(pol._off_tokens)
+
+    assert run(True) == pytest.approx(0.1 + 0.0075 * (300 + 599 % 32 + 1), rel=0.02)
+    assert run(False) > 3 * run(True)
+
+
 def test_observe_ignores_unknown_arm():
     pol = build_policy(PlannerConfig(arms=[0, 2]))
     pol.observe(feedback(4, 3, 1e-3, random.Random(0)))

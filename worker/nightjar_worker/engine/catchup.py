@@ -38,6 +38,7 @@ class WorkerStepStats:
     catchup_tokens: int = 0
     draft_forwards: int = 0
     proposed: bool = False
+    draft_lag_tokens: int = -1  # at gamma == 0: positions the draft lacks before this step (-1: not measured)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -45,6 +46,7 @@ class WorkerStepStats:
             "catchup_tokens": self.catchup_tokens,
             "draft_forwards": self.draft_forwards,
             "proposed": self.proposed,
+            "draft_lag_tokens": self.draft_lag_tokens,
         }
 
 
@@ -166,7 +168,9 @@ class DraftCatchup:
         k = int(scheduler_output.num_spec_tokens_to_schedule)
         f0 = self.forward_count
         if k <= 0:
-            # gamma == 0: a true autoregressive step, the draft does not run at all.
+            # gamma == 0: a true autoregressive step, the draft does not run at all. What a resume
+            # would have to catch up on (running requests only) goes to the planner's C_switch model.
+            stats.draft_lag_tokens = sum(e - s for _, s, e in self.tracker.missing(rows))
             self.tracker.end_step(rows, proposed=False)
             stats.draft_forwards += self.forward_count - f0
             return torch.empty((len(rows), 0), dtype=torch.int64, device=self.drafter.device)

@@ -156,7 +156,8 @@ class EngineControl:
             num_draft_tokens=stats.num_draft_tokens,
             num_accepted_tokens=stats.num_accepted_tokens,
             switch_cost_s=stats.catchup_s,
-            **self._extra_feedback(stats),
+            prefill_tokens=stats.num_prefill_tokens,
+            draft_lag_tokens=stats.draft_lag_tokens if stats.draft_lag_tokens >= 0 else None,
         )
         now = time.monotonic()
         with self.lock:
@@ -183,13 +184,6 @@ class EngineControl:
                 fn(stats)
             except Exception:  # noqa: BLE001 - a listener must never break the engine
                 log.exception("nightjar: step listener failed")
-
-    @staticmethod
-    def _extra_feedback(stats: StepStats) -> dict[str, Any]:
-        # StepFeedback grew ``prefill_tokens`` (planner area); pass it when the field exists.
-        if "prefill_tokens" in getattr(StepFeedback, "__dataclass_fields__", {}):
-            return {"prefill_tokens": stats.num_prefill_tokens}
-        return {}
 
     def run_scheduler_hook(self, scheduler: Any) -> None:
         spec = os.environ.get("NIGHTJAR_SCHEDULER_HOOK")

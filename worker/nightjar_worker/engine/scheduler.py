@@ -140,6 +140,7 @@ class NightjarScheduler(Scheduler):
             catchup_tokens=int(worker.get("catchup_tokens", 0)),
             draft_forwards=int(worker.get("draft_forwards", 0)),
             num_prefill_tokens=prefill,
+            draft_lag_tokens=int(worker.get("draft_lag_tokens", -1)),
             decide_s=decide_s,
             time=time.time(),
         )

@@ -257,8 +257,11 @@ class NightjarPolicy:
             sw[4] = f * sw[4] + x * y
         self._drafted = self._drafted * self._acc_decay + fb.num_draft_tokens
         self._accepted = self._accepted * self._acc_decay + fb.num_accepted_tokens
-        if fb.gamma == 0:
-            # what the draft misses; requests that finish take their share away (~1/256 per step)
+        if fb.gamma == 0 and fb.draft_lag_tokens is not None:
+            # the engine's count (running requests only), plus what this step adds
+            self._off_tokens = fb.draft_lag_tokens + fb.tokens_emitted + fb.prefill_tokens
+        elif fb.gamma == 0:
+            # a guess: requests that finish take their share away (~1/256 per step)
             self._off_tokens = self._off_tokens * _LAG_DECAY + fb.tokens_emitted + fb.prefill_tokens
         else:
             self._off_tokens = 0.0

@@ -33,6 +33,9 @@ class StepFeedback:
     # prompt tokens prefilled in the same step (chunked prefill merged into the batch); lets a
     # policy separate the gamma-independent prefill work from the decoding cost. 0 if unknown.
     prefill_tokens: int = 0
+    # gamma == 0 steps: positions of the running requests the draft's KV cache lacks before this
+    # step (what resuming would catch up on, plus this step's tokens); None if the engine cannot tell
+    draft_lag_tokens: int | None = None
 
     @property
     def loss(self) -> float:
