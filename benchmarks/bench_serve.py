@@ -49,7 +49,15 @@ from typing import Any
 from nightjar_worker import loadgen
 from nightjar_worker.serve import ServerProcess
 
-from benchmarks.serving import ADMIN_TOKEN, PAIRS, pair_args, pair_dtype, set_cpu_env, switch_policy
+from benchmarks.serving import (
+    ADMIN_TOKEN,
+    PAIRS,
+    lossless_verdict,
+    pair_args,
+    pair_dtype,
+    set_cpu_env,
+    switch_policy,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serve"
 
@@ -304,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             if pol in texts:
                 same = [a == b for a, b in zip(texts["nosd"], texts[pol], strict=True)]
                 lossless_detail[pol] = f"{sum(same)}/{len(same)}"
-    lossless = bool(lossless_detail) and all(v.split("/")[0] == v.split("/")[1] for v in lossless_detail.values())
+    lossless = lossless_verdict(lossless_detail)
 
     # acceptance and cost ratio at c=1 (to explain what speculation can buy on this pair)
     diag = {}

@@ -22,6 +22,11 @@ PAIRS = ("bundled", "qwen")
 PAIR_DTYPES = {"bundled": "bfloat16", "qwen": "float32"}
 
 
+def lossless_verdict(detail: dict[str, str]) -> bool:
+    """bench-serve's lossless verdict from its per-policy "identical/total" counts (none: false)."""
+    return bool(detail) and all(v.split("/")[0] == v.split("/")[1] for v in detail.values())
+
+
 def set_cpu_env() -> None:
     """vLLM's CPU backend pins every engine to the same core ("auto" binding): on a small shared machine
     the benchmarks let the OS place the (single-threaded) engine instead, unless the caller chose."""

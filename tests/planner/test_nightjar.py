@@ -340,23 +340,22 @@ def test_acceptance_gate_stays_open_for_a_useful_draft():
 
 
 class _Throughput:
-    """Wraps a policy (or plays a fixed gamma) and totals time and tokens, C_switch included."""
+    """Wraps a policy and totals time and tokens, C_switch included."""
 
     name = "throughput"
 
-    def __init__(self, policy: GammaPolicy | None = None, gamma: int = 0) -> None:
-        self.policy, self.gamma = policy, gamma
-        self.arms = policy.arms if policy else (gamma,)
+    def __init__(self, policy: GammaPolicy) -> None:
+        self.policy = policy
+        self.arms = policy.arms
         self.time_s = self.tokens = 0.0
 
     def decide(self, batch_size: int) -> int:
-        return self.policy.decide(batch_size) if self.policy else self.gamma
+        return self.policy.decide(batch_size)
 
     def observe(self, fb: StepFeedback) -> None:
         self.time_s += fb.step_time_s + fb.switch_cost_s
         self.tokens += fb.tokens_emitted
-        if self.policy:
-            self.policy.observe(fb)
+        self.policy.observe(fb)
 
     @property
     def tok_s(self) -> float:
@@ -384,7 +383,8 @@ def test_single_stream_finds_speculation_despite_fill_steps_and_catch_up(seed):
     # still find gamma 2-3 (about 1.25x no-SD) instead of staying at gamma 0.
     static = {}
     for g in range(5):
-        run_single_stream(env := _Throughput(gamma=g), 3000, seed=seed)
+        run_single_stream(env := _Throughput(build_policy(PlannerConfig(policy="static", static_gamma=g))), 3000,
+                          seed=seed)
         static[g] = env.tok_s
     run_single_stream(nj := _Throughput(build_policy(PlannerConfig(seed=seed))), 3000, seed=seed)
     assert max(static, key=static.get) in (2, 3)
