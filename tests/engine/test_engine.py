@@ -26,6 +26,10 @@ def test_lossless_every_arm(nightjar_llm, reference_outputs, steps, gamma: int) 
     for t, ids in zip(texts, got, strict=True):
         assert ids == reference_outputs[t], f"gamma={gamma}: output differs from plain decoding for {t[:40]!r}"
     assert steps.steps and {s.gamma for s in steps.steps} == {gamma}
+    # the policy's context is the batch as vLLM's per-batch-size table counts it: the first step
+    # admits every prompt (none running yet) and is decided at that batch, not at 0
+    assert steps.steps[0].batch_size == len(texts) == steps.steps[0].num_reqs
+    assert all(s.batch_size >= s.num_reqs for s in steps.steps)
     if gamma == 0:  # a true autoregressive step: the draft model never runs
         assert all(s.draft_forwards == 0 and s.num_draft_tokens == 0 for s in steps.steps)
     else:

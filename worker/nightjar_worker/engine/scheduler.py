@@ -80,7 +80,11 @@ class NightjarScheduler(Scheduler):
         if not self.nightjar_enabled:
             return super().schedule(*args, **kwargs)
         t0 = time.perf_counter()
-        batch = len(self.running)
+        # The context is the step's batch as vLLM's own per-batch-size table counts it (requests
+        # scheduled, newly admitted prompts included), estimated before scheduling: a wave of new
+        # prompts is decided at the batch it creates, so the draft's prefill of them is charged
+        # to the arms of that batch size, not to the few requests decoding before it arrived.
+        batch = min(len(self.running) + len(self.waiting), self.scheduler_config.max_num_seqs)
         gamma, decide_s = self.nightjar_control.decide(batch)
         if self.nightjar_memory is not None:  # gamma 0 unless the draft is fully resident
             gamma = self.nightjar_memory.on_step(gamma).clamp(gamma)

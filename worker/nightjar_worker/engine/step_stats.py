@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 @dataclass(slots=True)
 class StepStats:
     step: int
-    batch_size: int  # running requests when gamma was decided (the policy's context)
+    batch_size: int  # the policy's context: running + waiting requests (capped at max_num_seqs) when gamma was decided
     num_reqs: int  # requests scheduled this step
     gamma: int  # decided gamma (drafts proposed for the next step; verification trimmed to it)
     step_time_s: float  # wall time of the step, catch-up excluded
