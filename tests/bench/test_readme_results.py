@@ -27,3 +27,27 @@ def test_generated_block_follows_the_results(tmp_path):
     assert "RESULT adaptive_vs_nosd_c1=1.250 lossless=false" in block
     with pytest.raises(SystemExit, match="markers"):
         readme_results.splice("no markers here", block)
+
+
+def _dynamic(quick: bool, tok_s: float) -> str:
+    ph = {"output_tok_s": tok_s, "requests": 3, "tpot_p99_s": 0.5}
+    return json.dumps({
+        "meta": {"pair": "qwen", "dtype": "float32", "quick": quick},
+        "ratios": {"overall_vs_nosd": 1.0},
+        "results": {"nosd": {"low": ph, "overall": ph}},
+        "steps": {"nosd": {"overall": {"mean_gamma": 0.0}}},
+    })
+
+
+def test_every_dynamic_pair_has_a_section_full_run_first(tmp_path):
+    """bench-dynamic writes a full run to results/dynamic[-pair]/ and QUICK to .../quick/."""
+    (tmp_path / "dynamic" / "quick").mkdir(parents=True)
+    (tmp_path / "dynamic" / "quick" / "results.json").write_text(_dynamic(True, 1.0))
+    (tmp_path / "dynamic-qwen" / "quick").mkdir(parents=True)
+    (tmp_path / "dynamic-qwen" / "quick" / "results.json").write_text(_dynamic(True, 2.0))
+    (tmp_path / "dynamic-qwen" / "results.json").write_text(_dynamic(False, 3.0))
+    block = readme_results.generate(tmp_path)
+    assert "`benchmarks/results/dynamic/quick/`" in block
+    assert "`benchmarks/results/dynamic-qwen/`" in block and "dynamic-qwen/quick" not in block
+    rows = [" ".join(line.split()) for line in block.splitlines()]
+    assert "| nosd | 3.0 | 3.0 | 1.000 | 500 | 0.00 |" in rows  # the full run's figures
