@@ -156,15 +156,17 @@ def binned(
 
 
 def _decode_steps(steps: Iterable[StepStats]) -> list[StepStats]:
-    """Pure decode steps (no prefill tokens in the step): the cost surface the planner trades on."""
-    return [s for s in steps if s.num_prefill_tokens == 0 and s.batch_size >= 1 and s.step_time_s > 0]
+    """Pure decode steps (no prefill tokens in the step): the cost surface the planner trades on,
+    keyed by the requests the step ran (``num_reqs``; ``batch_size`` is the policy's context, which
+    also counts requests still waiting)."""
+    return [s for s in steps if s.num_prefill_tokens == 0 and s.num_reqs >= 1 and s.step_time_s > 0]
 
 
 def cell_times(steps: Iterable[StepStats]) -> dict[tuple[int, int], list[float]]:
     """{(batch, gamma): [step seconds]} over pure decode steps."""
     out: dict[tuple[int, int], list[float]] = defaultdict(list)
     for s in _decode_steps(steps):
-        out[(s.batch_size, s.gamma)].append(s.step_time_s)
+        out[(s.num_reqs, s.gamma)].append(s.step_time_s)
     return out
 
 
@@ -230,7 +232,7 @@ def best_gamma_per_batch(steps: Iterable[StepStats], min_steps: int = 3) -> dict
     sec: dict[tuple[int, int], float] = defaultdict(float)
     n: dict[tuple[int, int], int] = defaultdict(int)
     for s in _decode_steps(steps):
-        key = (s.batch_size, s.gamma)
+        key = (s.num_reqs, s.gamma)
         tok[key] += s.tokens_emitted
         sec[key] += s.step_time_s
         n[key] += 1
