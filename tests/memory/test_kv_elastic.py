@@ -28,6 +28,18 @@ def test_plan_extra_blocks():
         plan_extra_blocks(100, 40, 10, 0)
 
 
+def test_a_draft_that_leaves_no_room_for_one_request_is_refused():
+    """The Qwen pair in fp32 on a 2 GiB CPU KV cache: the 0.5B draft's weights (~2 GB) took the whole
+    pool, the base pool was 2 blocks and the engine stalled with requests waiting; now start-up
+    fails with the size that works."""
+    assert plan_extra_blocks(100, None, 90_000, 1000, min_base_blocks=8) == (10, 90)
+    with pytest.raises(ValueError, match=r"leaving 2 for requests.*needs \(8\).*at least 0\.00 GiB"):
+        plan_extra_blocks(100, None, 98_000, 1000, min_base_blocks=8)
+    with pytest.raises(ValueError, match=r"leaving 0 for requests"):
+        plan_extra_blocks(100, None, 150_000, 1000, min_base_blocks=8)
+    assert plan_extra_blocks(100, 4, 10_000, 1000, min_base_blocks=8) == (4, 10)  # an explicit base is kept
+
+
 def _pool(n=20, caching=True):
     from vllm.v1.core.block_pool import BlockPool
 

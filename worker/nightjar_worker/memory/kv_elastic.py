@@ -68,16 +68,29 @@ def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(s, e) for s, e in out]
 
 
-def plan_extra_blocks(total_blocks: int, base_blocks: int | None, draft_bytes: int, block_bytes: int) -> tuple[int, int]:
+def plan_extra_blocks(
+    total_blocks: int, base_blocks: int | None, draft_bytes: int, block_bytes: int, min_base_blocks: int = 2
+) -> tuple[int, int]:
     """(base, extra): ``extra`` blocks the offloaded draft pays for, at most what the pool holds
-    above ``base``. ``base_blocks=None``: the pool was sized for the offloaded case."""
+    above ``base``. ``base_blocks=None``: the pool was sized for the offloaded case.
+    ``min_base_blocks``: what one request of ``max_model_len`` needs (vLLM checks the same of its
+    pool); a smaller derived base would leave the engine unable to admit requests while the draft is
+    resident (it stalls), so it is refused here, at start-up, with the size that would work."""
     if block_bytes <= 0:
         raise ValueError(f"block_bytes: must be > 0 (got {block_bytes})")
     gain = draft_bytes // block_bytes
     if base_blocks is None:
-        base = max(2, total_blocks - gain)
+        base = total_blocks - gain
+        if base < min_base_blocks:
+            need = (min_base_blocks + gain) * block_bytes
+            raise ValueError(
+                f"elastic memory: the KV pool holds {total_blocks} blocks and the resident draft's weights "
+                f"({draft_bytes} bytes) take {gain} of them, leaving {max(base, 0)} for requests, fewer than "
+                f"one max_model_len request needs ({min_base_blocks}); give the KV cache at least "
+                f"{need / 2**30:.2f} GiB (VLLM_CPU_KVCACHE_SPACE / serve --kv-cache-gib) or set base_blocks"
+            )
     else:
-        if not 2 <= base_blocks <= total_blocks:
+        if not 2 <= base_blocks <= total_blocks:  # set on purpose (small-pool tests, bench-offload)
             raise ValueError(f"base_blocks: must be in [2, {total_blocks}] (got {base_blocks})")
         base = base_blocks
     return base, min(gain, total_blocks - base)

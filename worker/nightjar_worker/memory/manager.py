@@ -93,7 +93,10 @@ class ElasticMemoryManager:
         self.block_bytes = sum(i["block_bytes"] for i in infos)
         block_pool = scheduler.kv_cache_manager.block_pool
         total = block_pool.num_gpu_blocks
-        base, extra = plan_extra_blocks(total, config.base_blocks, self.draft_bytes, self.block_bytes)
+        # one request of max_model_len must fit while the draft is resident
+        block_size = max(1, int(getattr(scheduler, "block_size", 0) or 16))
+        min_base = -(-int(getattr(scheduler, "max_model_len", 0) or block_size) // block_size)
+        base, extra = plan_extra_blocks(total, config.base_blocks, self.draft_bytes, self.block_bytes, min_base)
         self.pool = ElasticBlockPool(block_pool, base, extra)
         self.released_bytes = 0
         if config.release_pages:  # the held-back part of the pool costs no memory from now on
