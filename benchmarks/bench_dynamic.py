@@ -58,6 +58,10 @@ set_cpu_env()
 STATICS = ["nosd", "static-1", "static-2", "static-3", "static-4"]
 SERVER_A = [*STATICS, "vllm-table", "ucb", "nightjar-no-offload"]
 SERVER_B = ["dsd", "oracle", "nightjar"]
+# Server B's KV pool with elastic memory is sized for the offloaded draft: the default 2 GiB plus the
+# draft's bytes. The Qwen 0.5B draft takes 3.6 GB as loaded in fp32, more than 2 GiB, which left no
+# base pool (docs/memory.md); the bundled draft is small enough for the default.
+KV_POOL_GIB_WITH_MEMORY = {"qwen": 6}
 ADAPTIVE = ("vllm-table", "ucb", "nightjar-no-offload", "dsd", "oracle", "nightjar")
 DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading", "draining")
 
@@ -249,6 +253,9 @@ class Bench:
         memory = self.args.memory
         if memory:
             env["NIGHTJAR_MEMORY"] = json.dumps({"enabled": True, "mode": "resident", "control_file": str(ctl)})
+            if self.args.pair in KV_POOL_GIB_WITH_MEMORY:
+                env["VLLM_CPU_KVCACHE_SPACE"] = str(KV_POOL_GIB_WITH_MEMORY[self.args.pair])
+                self.meta["kv_pool_gib_server_b"] = KV_POOL_GIB_WITH_MEMORY[self.args.pair]
         try:
             srv = self.start("b", env)
         except (RuntimeError, TimeoutError) as e:
@@ -258,6 +265,7 @@ class Bench:
             self.note(f"server B failed to start with elastic memory ({' / '.join(tail)}); restarted without it: "
                       "'nightjar' below is the same configuration as 'nightjar-no-offload'")
             env.pop("NIGHTJAR_MEMORY")
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)
             memory = False
             srv = self.start("b-nomem", env)
         self.meta["elastic_memory"] = memory
