@@ -320,6 +320,22 @@ def slope_per_hour(samples: Sequence[tuple[float, float]]) -> float | None:
     return sum((t - mx) * (v - my) for t, v in samples) / sxx * 3600.0
 
 
+def rss_slopes_by_process(
+    by_process: Sequence[tuple[float, Mapping[str, Mapping[str, int]]]], t_from: float
+) -> dict[str, dict[str, float | None]]:
+    """MiB/h per process and RSS kind (rss, anon, file, shmem) over the samples at or after ``t_from``
+    (monotonic seconds, as sampled): which process grows, and whether it is anonymous memory (what a
+    leak grows) or file-backed pages. A process seen in fewer than 3 samples gets None."""
+    series: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for t, per in by_process:
+        if t < t_from:
+            continue
+        for proc, kinds in per.items():
+            for kind, b in kinds.items():
+                series.setdefault(proc, {}).setdefault(kind, []).append((t, b / 2**20))
+    return {proc: {kind: slope_per_hour(pts) for kind, pts in kinds.items()} for proc, kinds in series.items()}
+
+
 def compare_texts(got: Mapping[int, Sequence[str]], ref: Mapping[int, str]) -> dict[str, Any]:
     """Soak verdict: every response for prompt ``qid`` against the plain-decoding reference text.
     ``missing_ref`` counts responses whose prompt has no reference (not compared)."""

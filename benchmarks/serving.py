@@ -124,41 +124,58 @@ async def sample_metrics(url: str, t0: float, stop: asyncio.Event, out: list[Met
 # --- worker RSS -------------------------------------------------------------------------------------
 
 
-def group_rss_bytes(pgid: int) -> int:
-    """Summed VmRSS of every process in process group ``pgid`` (the API server and its EngineCore)."""
-    total = 0
+_RSS_KINDS = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+
+
+def group_rss(pgid: int) -> dict[str, dict[str, int]]:
+    """Per process of group ``pgid`` (the API server and its EngineCore), keyed ``"<name> <pid>"``:
+    VmRSS and its parts in bytes. Anonymous memory is what a leak grows; file-backed pages (mapped
+    weights, libraries) are reclaimable cache."""
+    out: dict[str, dict[str, int]] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:  # field 5 of stat: pgrp
+                head, tail = f.read().rsplit(")", 1)
+            if int(tail.split()[2]) != pgid:  # field 5 of stat: pgrp
                 continue
+            kinds: dict[str, int] = {}
             with open(f"/proc/{d}/status") as f:
                 for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-                        break
+                    key = _RSS_KINDS.get(line.split(" ", 1)[0].split("\t", 1)[0])
+                    if key:
+                        kinds[key] = int(line.split()[1]) * 1024
+            if kinds.get("rss"):
+                out[f"{head.split('(', 1)[1]} {d}"] = kinds
         except (OSError, IndexError, ValueError):
             continue
-    return total
+    return out
+
+
+def group_rss_bytes(pgid: int) -> int:
+    """Summed VmRSS of every process in process group ``pgid``."""
+    return sum(k["rss"] for k in group_rss(pgid).values())
 
 
 class GroupRssSampler(threading.Thread):
-    """Samples ``group_rss_bytes`` every ``period_s`` into ``samples`` as (monotonic s, bytes)."""
+    """Samples ``group_rss`` every ``period_s``: ``samples`` holds (monotonic s, summed bytes),
+    ``by_process`` (monotonic s, ``group_rss`` result)."""
 
     def __init__(self, pgid: int, period_s: float = 2.0) -> None:
         super().__init__(daemon=True)
         self.pgid, self.period_s = pgid, period_s
         self.samples: list[tuple[float, int]] = []
+        self.by_process: list[tuple[float, dict[str, dict[str, int]]]] = []
         self._stop_ev = threading.Event()
 
     def run(self) -> None:
         while not self._stop_ev.is_set():
-            rss = group_rss_bytes(self.pgid)
-            if rss:
-                self.samples.append((time.monotonic(), rss))
+            per = group_rss(self.pgid)
+            if per:
+                t = time.monotonic()
+                self.samples.append((t, sum(k["rss"] for k in per.values())))
+                self.by_process.append((t, per))
             self._stop_ev.wait(self.period_s)
 
     def stop(self) -> list[tuple[float, int]]:

@@ -16,7 +16,8 @@ at batch 1 and the difference came from the batch shape (vLLM's CPU bf16 GEMMs a
 a near-tie can flip under another batch); both counts are reported.
 
 Lost = requests that errored or returned no tokens. RSS of the server's process group (API server +
-EngineCore) is sampled every 2 s; its least-squares slope over the soak after the first 10% is reported.
+EngineCore) is sampled every 2 s; its least-squares slope over the soak after the first 10% is reported,
+in total and per process split into anonymous and file-backed pages (a leak grows anonymous memory).
 Writes ``benchmarks/results/soak[/quick]/{soak.md,results.json}``. Last line:
 ``RESULT soak_s=.. requests=.. lost=.. different=.. rss_slope_mib_per_h=..``
 """
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     pts = [(t - t_first, b / 2**20) for t, b in samples]
     steady = [p for p in pts if p[0] >= 0.1 * soak_s]
     slope = dynamic_lib.slope_per_hour(steady)
+    by_proc = dynamic_lib.rss_slopes_by_process(rss.by_process, t_first + 0.1 * soak_s)
     n = sum(1 for r in records if not r.dropped)
     rows = [
         ["soak seconds", round(soak_s, 1)],
@@ -203,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         ["responses per policy", ", ".join(f"{p} {policy_of.count(p)}" for p in ROTATION)],
         ["RSS first / last MiB", f"{pts[0][1]:.0f} / {pts[-1][1]:.0f}" if pts else "-"],
         ["RSS slope MiB/h (after the first 10%)", round(slope, 1) if slope is not None else "-"],
+        *[[f"  {proc}: slope MiB/h all / anon / file", " / ".join(f"{k[x]:.1f}" if k.get(x) is not None else "-"
+                                                               for x in ("rss", "anon", "file"))]
+          for proc, k in sorted(by_proc.items())],
     ]
     common.print_table(
         f"soak ({args.pair} pair{', QUICK' if quick else ''}, temperature 0, reference: same server, planner "
@@ -213,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     common.write_json(out / "results.json", {
         "soak_s": soak_s, "requests": n, "lost": lost,
         "errors": [f"{r.qid}: {r.error}" for r in records if r.error is not None], "verdict": verdict, "recheck_alone_static4": recheck,
-        "rss_mib": pts, "rss_slope_mib_per_h": slope, "pair": args.pair, "dtype": pair_dtype(args.pair), "quick": quick,
+        "rss_mib": pts, "rss_slope_mib_per_h": slope, "rss_slope_by_process_mib_per_h": by_proc,
+        "rss_by_process_mib": [(round(t - t_first, 1), {p: {k: round(b / 2**20, 1) for k, b in kinds.items()}
+                                                         for p, kinds in per.items()}) for t, per in rss.by_process], "pair": args.pair, "dtype": pair_dtype(args.pair), "quick": quick,
         "divergences": margins, "reference": {str(q): v for q, v in refs.items()},
         "responses": [{"qid": r.qid, "policy": pol, "text": r.text, "error": r.error}
                       for r, pol in zip(records, policy_of, strict=True) if not r.dropped],

@@ -147,6 +147,24 @@ def test_dynamic_ratios():
     assert dl.dynamic_ratios({"nosd": res["nosd"]}, phases)["overall_vs_nosd"] is None
 
 
+def test_rss_slopes_by_process_splits_process_and_kind():
+    mib = 2**20
+    # EngineCore: anon +1 MiB per 100 s (36 MiB/h), file flat; the API server flat; a worker seen twice
+    samples = [(t, {"EngineCore 7": {"rss": (100 + t // 100) * mib, "anon": (60 + t // 100) * mib, "file": 40 * mib},
+                    "python 3": {"rss": 50 * mib, "anon": 50 * mib, "file": 0}}) for t in range(0, 1000, 100)]
+    samples[-1][1]["late 9"] = {"rss": mib}
+    samples[-2][1]["late 9"] = {"rss": mib}
+    out = dl.rss_slopes_by_process(samples, t_from=200)
+    assert out["EngineCore 7"]["anon"] == pytest.approx(36.0)
+    assert out["EngineCore 7"]["rss"] == pytest.approx(36.0)
+    assert out["EngineCore 7"]["file"] == pytest.approx(0.0)
+    assert out["python 3"]["rss"] == pytest.approx(0.0)
+    assert out["late 9"]["rss"] is None
+    # samples before t_from are left out: a step at the start does not count
+    samples[0][1]["python 3"]["rss"] = 0
+    assert dl.rss_slopes_by_process(samples, t_from=100)["python 3"]["rss"] == pytest.approx(0.0)
+
+
 def test_slope_per_hour():
     pts = [(t, 100.0 + 0.01 * t) for t in range(0, 600, 2)]
     assert dl.slope_per_hour(pts) == pytest.approx(36.0)
