@@ -128,7 +128,7 @@ _RSS_KINDS = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file", "RssShmem
 
 
 def group_rss(pgid: int) -> dict[str, dict[str, int]]:
-    """Per process of group ``pgid`` (the API server and its EngineCore), keyed ``"<name> <pid>"``:
+    """Per process of group ``pgid`` (API server, EngineCore, model-runner worker), keyed ``"<name> <pid>"``:
     VmRSS and its parts in bytes. Anonymous memory is what a leak grows; file-backed pages (mapped
     weights, libraries) are reclaimable cache."""
     out: dict[str, dict[str, int]] = {}

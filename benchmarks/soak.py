@@ -15,8 +15,8 @@ differs is decoded again alone under ``static-4``: if that equals the reference,
 at batch 1 and the difference came from the batch shape (vLLM's CPU bf16 GEMMs are not batch-invariant:
 a near-tie can flip under another batch); both counts are reported.
 
-Lost = requests that errored or returned no tokens. RSS of the server's process group (API server +
-EngineCore) is sampled every 2 s; its least-squares slope over the soak after the first 10% is reported,
+Lost = requests that errored or returned no tokens. RSS of the server's process group (API server,
+EngineCore, model-runner worker) is sampled every 2 s; its least-squares slope over the soak after the first 10% is reported,
 in total and per process split into anonymous and file-backed pages (a leak grows anonymous memory).
 Writes ``benchmarks/results/soak[/quick]/{soak.md,results.json}``. Last line:
 ``RESULT soak_s=.. requests=.. lost=.. different=.. rss_slope_mib_per_h=..``
@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         "errors": [f"{r.qid}: {r.error}" for r in records if r.error is not None], "verdict": verdict, "recheck_alone_static4": recheck,
         "rss_mib": pts, "rss_slope_mib_per_h": slope, "rss_slope_by_process_mib_per_h": by_proc,
         "rss_by_process_mib": [(round(t - t_first, 1), {p: {k: round(b / 2**20, 1) for k, b in kinds.items()}
-                                                         for p, kinds in per.items()}) for t, per in rss.by_process], "pair": args.pair, "dtype": pair_dtype(args.pair), "quick": quick,
+                                                         for p, kinds in per.items()}) for t, per in rss.by_process],
+        "pair": args.pair, "dtype": pair_dtype(args.pair), "quick": quick,
         "divergences": margins, "reference": {str(q): v for q, v in refs.items()},
         "responses": [{"qid": r.qid, "policy": pol, "text": r.text, "error": r.error}
                       for r, pol in zip(records, policy_of, strict=True) if not r.dropped],
