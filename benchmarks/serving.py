@@ -124,7 +124,7 @@ async def sample_metrics(url: str, t0: float, stop: asyncio.Event, out: list[Met
 # --- worker RSS -------------------------------------------------------------------------------------
 
 
-_RSS_KINDS = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+_RSS_KINDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
 
 
 def group_rss(pgid: int) -> dict[str, dict[str, int]]:
@@ -143,7 +143,7 @@ def group_rss(pgid: int) -> dict[str, dict[str, int]]:
             kinds: dict[str, int] = {}
             with open(f"/proc/{d}/status") as f:
                 for line in f:
-                    key = _RSS_KINDS.get(line.split(" ", 1)[0].split("\t", 1)[0])
+                    key = _RSS_KINDS.get(line.partition(":")[0])
                     if key:
                         kinds[key] = int(line.split()[1]) * 1024
             if kinds.get("rss"):
@@ -153,19 +153,13 @@ def group_rss(pgid: int) -> dict[str, dict[str, int]]:
     return out
 
 
-def group_rss_bytes(pgid: int) -> int:
-    """Summed VmRSS of every process in process group ``pgid``."""
-    return sum(k["rss"] for k in group_rss(pgid).values())
-
-
 class GroupRssSampler(threading.Thread):
-    """Samples ``group_rss`` every ``period_s``: ``samples`` holds (monotonic s, summed bytes),
-    ``by_process`` (monotonic s, ``group_rss`` result)."""
+    """Samples ``group_rss`` every ``period_s`` into ``by_process`` as (monotonic s, ``group_rss``
+    result); ``stop`` returns the group's summed VmRSS per sample."""
 
     def __init__(self, pgid: int, period_s: float = 2.0) -> None:
         super().__init__(daemon=True)
         self.pgid, self.period_s = pgid, period_s
-        self.samples: list[tuple[float, int]] = []
         self.by_process: list[tuple[float, dict[str, dict[str, int]]]] = []
         self._stop_ev = threading.Event()
 
@@ -173,15 +167,13 @@ class GroupRssSampler(threading.Thread):
         while not self._stop_ev.is_set():
             per = group_rss(self.pgid)
             if per:
-                t = time.monotonic()
-                self.samples.append((t, sum(k["rss"] for k in per.values())))
-                self.by_process.append((t, per))
+                self.by_process.append((time.monotonic(), per))
             self._stop_ev.wait(self.period_s)
 
     def stop(self) -> list[tuple[float, int]]:
         self._stop_ev.set()
         self.join(timeout=5)
-        return self.samples
+        return [(t, sum(k["rss"] for k in per.values())) for t, per in self.by_process]
 
 
 def openai_client(url: str) -> Any:

@@ -29,7 +29,7 @@ def test_plan_extra_blocks():
 
 
 def test_a_draft_that_leaves_no_room_for_one_request_is_refused():
-    """The Qwen pair in fp32 on a 2 GiB CPU KV cache: the 0.5B draft's weights (~2 GB) took the whole
+    """The Qwen pair in fp32 on a 2 GiB CPU KV cache: the 0.5B draft's weights (3.6 GB as loaded) took the whole
     pool, the base pool was 2 blocks and the engine stalled with requests waiting; now start-up
     fails with the size that works."""
     assert plan_extra_blocks(100, None, 90_000, 1000, min_base_blocks=8) == (10, 90)
