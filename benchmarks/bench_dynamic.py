@@ -83,13 +83,16 @@ def planner_policy(name: str) -> str:
     return "nightjar" if name.startswith("nightjar") else name
 
 
-def kv_block_bytes(target: Path, block_tokens: int) -> int:
-    """Target KV bytes per block (K and V, bf16) from the model's config.json."""
+def kv_block_bytes(target: Path, block_tokens: int, dtype: str) -> int:
+    """Target KV bytes per block (K and V, in the served dtype: vLLM's "auto" cache dtype) from the
+    model's config.json."""
+    from nightjar_worker.profiler import ELEMENT_BYTES
+
     c = json.loads((target / "config.json").read_text())
     layers = c["num_hidden_layers"]
     heads = c.get("num_key_value_heads") or c["num_attention_heads"]
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    return 2 * layers * heads * head_dim * block_tokens * 2
+    return 2 * layers * heads * head_dim * block_tokens * ELEMENT_BYTES.get(dtype, 2)
 
 
 def cache_info(url: str) -> tuple[int, int]:
@@ -215,6 +218,7 @@ class Bench:
         sweep = [s for p in STATICS if p in self.meta.get("windows_unix", {})
                  for s in dynamic_lib.steps_between(steps_a, *self.meta["windows_unix"][p])]
         target, draft = pair_dirs(self.args.pair)
+        dtype = pair_dtype(self.args.pair)
         from nightjar_worker.profiler import draft_weight_bytes
 
         bt = self.meta.get("block_tokens", 16)
@@ -222,7 +226,7 @@ class Bench:
             prof = dynamic_lib.profile_from_steps(
                 sweep, [0, 1, 2, 3, 4], name=f"cpu-{self.args.pair}-dynamic-run", device="CPU (this run's step log)",
                 target=target.name, draft=draft.name, kv_blocks_total=self.meta.get("kv_blocks", 0),
-                kv_block_bytes=kv_block_bytes(target, bt), draft_weight_bytes=draft_weight_bytes(draft),
+                kv_block_bytes=kv_block_bytes(target, bt, dtype), draft_weight_bytes=draft_weight_bytes(draft, dtype),
                 block_tokens=bt)
         except ValueError as e:
             self.note(f"no CostProfile from this run ({e}): dsd and oracle not measured")

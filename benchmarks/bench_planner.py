@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = is_quick()
     profiles = [args.profile] if args.profile else [str(DEFAULT_PROFILE)]
     if not args.profile:
-        profiles += sorted(glob.glob(str(ROOT / "profiles" / "cpu-*.json")))
+        profiles += sorted(f for f in glob.glob(str(ROOT / "profiles" / "cpu-*.json")) if not f.endswith(".details.json"))
     out = results_dir("planner/quick" if quick else "planner")
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:

@@ -16,10 +16,11 @@ at batch 1 and the difference came from the batch shape (vLLM's CPU bf16 GEMMs a
 a near-tie can flip under another batch); both counts are reported.
 
 Lost = requests that errored or returned no tokens. RSS of the server's process group (API server,
-EngineCore, model-runner worker) is sampled every 2 s; its least-squares slope over the soak after the first 10% is reported,
-in total and per process split into anonymous and file-backed pages (a leak grows anonymous memory).
+EngineCore, model-runner worker) is sampled every 2 s; its least-squares slope is reported over the soak
+after the first 10% (in total and per process, split into anonymous and file-backed pages: a leak grows
+anonymous memory) and over the soak's last third (a bounded cache filling slows down, a leak does not).
 Writes ``benchmarks/results/soak[/quick]/{soak.md,results.json}``. Last line:
-``RESULT soak_s=.. requests=.. lost=.. different=.. rss_slope_mib_per_h=..``
+``RESULT soak_s=.. requests=.. lost=.. different=.. rss_slope_mib_per_h=.. rss_slope_last_third_mib_per_h=..``
 """
 
 from __future__ import annotations
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     pts = [(t - t_first, b / 2**20) for t, b in samples]
     steady = [p for p in pts if p[0] >= 0.1 * soak_s]
     slope = dynamic_lib.slope_per_hour(steady)
+    # a bounded cache filling (e.g. oneDNN's primitives) decelerates; a leak keeps its pace
+    late_slope = dynamic_lib.slope_per_hour([p for p in pts if 2 / 3 * soak_s <= p[0] <= soak_s])
     by_proc = dynamic_lib.rss_slopes_by_process(rss.by_process, t_first + 0.1 * soak_s)
     n = sum(1 for r in records if not r.dropped)
     rows = [
@@ -205,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         ["responses per policy", ", ".join(f"{p} {policy_of.count(p)}" for p in ROTATION)],
         ["RSS first / last MiB", f"{pts[0][1]:.0f} / {pts[-1][1]:.0f}" if pts else "-"],
         ["RSS slope MiB/h (after the first 10%)", round(slope, 1) if slope is not None else "-"],
+        ["RSS slope MiB/h (last third of the soak)", round(late_slope, 1) if late_slope is not None else "-"],
         *[[f"  {proc}: slope MiB/h all / anon / file", " / ".join(f"{k[x]:.1f}" if k.get(x) is not None else "-"
                                                                for x in ("rss", "anon", "file"))]
           for proc, k in sorted(by_proc.items())],
@@ -218,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     common.write_json(out / "results.json", {
         "soak_s": soak_s, "requests": n, "lost": lost,
         "errors": [f"{r.qid}: {r.error}" for r in records if r.error is not None], "verdict": verdict, "recheck_alone_static4": recheck,
-        "rss_mib": pts, "rss_slope_mib_per_h": slope, "rss_slope_by_process_mib_per_h": by_proc,
+        "rss_mib": pts, "rss_slope_mib_per_h": slope, "rss_slope_last_third_mib_per_h": late_slope,
+        "rss_slope_by_process_mib_per_h": by_proc,
         "rss_by_process_mib": [(round(t - t_first, 1), {p: {k: round(b / 2**20, 1) for k, b in kinds.items()}
                                                          for p, kinds in per.items()}) for t, per in rss.by_process],
         "pair": args.pair, "dtype": pair_dtype(args.pair), "quick": quick,
@@ -227,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                       for r, pol in zip(records, policy_of, strict=True) if not r.dropped],
     })
     common.print_result(soak_s=round(soak_s), requests=n, lost=lost, different=verdict["different"],
-                        rss_slope_mib_per_h=round(slope, 1) if slope is not None else float("nan"))
+                        rss_slope_mib_per_h=round(slope, 1) if slope is not None else float("nan"),
+                        rss_slope_last_third_mib_per_h=round(late_slope, 1) if late_slope is not None else float("nan"))
     return 0
 
 

@@ -231,3 +231,19 @@ def test_fit_switch_cost_recovers_a_line() -> None:
     assert fit_switch_cost([]) == (0.0, 0.0)
     f, p = fit_switch_cost([(10, 0.5), (20, 0.1)])  # negative slope is clamped
     assert p == 0.0 and f >= 0.0
+
+
+def test_draft_weight_bytes_follow_the_served_dtype(tmp_path) -> None:
+    import json
+
+    import pytest
+    from nightjar_worker.profiler import draft_weight_bytes
+
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        draft_weight_bytes(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    assert draft_weight_bytes(tmp_path) == 1000  # as stored
+    assert draft_weight_bytes(tmp_path, "bfloat16") == 1000
+    assert draft_weight_bytes(tmp_path, "float32") == 2000  # a bf16 checkpoint served in fp32
+    assert draft_weight_bytes(tmp_path, "auto") == 1000

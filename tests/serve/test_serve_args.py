@@ -6,7 +6,8 @@ import json
 
 import pytest
 from nightjar_worker import cli
-from nightjar_worker.serve import NIGHTJAR_SCHEDULER, build_parser, parse_spec_table, vllm_argv
+from nightjar_worker.engine.engine_args import NIGHTJAR_SCHEDULER_CLS
+from nightjar_worker.serve import build_parser, parse_spec_table, vllm_argv
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def test_nightjar_defaults_use_the_pair_k_from_config_and_our_scheduler(pair):
     assert opt(av, "--model") == str(t) and opt(av, "--port") == "9001"
     spec = json.loads(opt(av, "--speculative-config"))
     assert spec == {"method": "draft_model", "model": str(d), "num_speculative_tokens": 3}
-    assert opt(av, "--scheduler-cls") == NIGHTJAR_SCHEDULER
+    assert opt(av, "--scheduler-cls") == NIGHTJAR_SCHEDULER_CLS
     assert opt(av, "--middleware") == "nightjar_worker.admin.AdminMiddleware"
     assert av[-2:] == ["--max-num-seqs", "64"]  # passthrough last: the user wins
 

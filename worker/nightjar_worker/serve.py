@@ -33,7 +33,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-NIGHTJAR_SCHEDULER = "nightjar_worker.engine.scheduler.NightjarScheduler"
+from nightjar_worker.engine.engine_args import DTYPES, NIGHTJAR_SCHEDULER_CLS
+
 ADMIN_MIDDLEWARE = "nightjar_worker.admin.AdminMiddleware"
 
 
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vLLM's num_speculative_tokens_per_batch_size (with --scheduler vllm): JSON "
                    "[[start, end, k], ...] (inclusive ranges, vLLM's format) or {batch_size: k} (from that size on)")
     p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--dtype", choices=("bfloat16", "float32", "float16", "auto"), default="bfloat16",
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16",
                    help="weights and activations (CPU: float32 keeps small-batch GEMMs memory-bound, "
                    "where speculation pays; see docs/engine.md)")
     p.add_argument("--kv-cache-gib", type=int, default=None,
@@ -164,7 +165,7 @@ def vllm_argv(args: argparse.Namespace, passthrough: Sequence[str]) -> list[str]
     elif args.spec_per_batch_size:
         raise SystemExit("--spec-per-batch-size: needs a draft")
     if args.scheduler == "nightjar":
-        argv += ["--scheduler-cls", NIGHTJAR_SCHEDULER]
+        argv += ["--scheduler-cls", NIGHTJAR_SCHEDULER_CLS]
     return argv + list(passthrough)
 
 

@@ -15,6 +15,7 @@ from nightjar_worker.engine.pair_check import check_pair
 from nightjar_worker.engine.version import check_vllm_version
 
 NIGHTJAR_SCHEDULER_CLS = "nightjar_worker.engine.scheduler.NightjarScheduler"
+DTYPES = ("bfloat16", "float32", "float16", "auto")  # what serve and profile accept as --dtype
 
 
 def speculative_config(draft: str | os.PathLike[str], k: int, **extra: Any) -> dict[str, Any]:
