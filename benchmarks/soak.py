@@ -1,6 +1,6 @@
 """``make soak``: a bounded soak of the real worker at temperature 0, every response checked.
 
-One Nightjar-scheduler server (K=4, loopback). For ``--seconds`` (``SOAK_S``, default 1200; QUICK: 120)
+One Nightjar-scheduler server (K=4, loopback). For ``--seconds`` (``SOAK_S``, default 2400; QUICK: 120)
 Poisson arrivals alternate low and high rates (``bench_dynamic``'s low rate and half its high rate), with the
 planner policy rotating through ``nightjar``, ``static-4``, ``ucb`` and ``static-2`` so speculative,
 non-speculative and switching steps (draft KV catch-up) all occur. Prompts come from a fixed pool of
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = common.is_quick()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR", "bundled") or "bundled")
-    ap.add_argument("--seconds", type=float, default=120.0 if quick else float(os.environ.get("SOAK_S", "1200")))
+    ap.add_argument("--seconds", type=float, default=120.0 if quick else float(os.environ.get("SOAK_S", "2400")))
     ap.add_argument("--segment-s", type=float, default=None, help="policy rotation period (default: 30 s, "
                     "at most a sixth of the soak so every policy runs)")
     ap.add_argument("--pool", type=int, default=24, help="distinct prompts")

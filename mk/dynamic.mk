@@ -2,7 +2,8 @@
 .PHONY: bench-dynamic soak
 
 PAIR ?= bundled
-SOAK_S ?= 1200
+# 40 min: at the soak's load oneDNN's primitive cache fills for ~30 min before RSS levels off (docs/serving.md)
+SOAK_S ?= 2400
 export PAIR
 
 bench-dynamic: install models ## every policy under low->high->low + sawtooth Poisson load on the real worker (QUICK=1, PAIR=bundled|qwen)

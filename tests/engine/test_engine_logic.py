@@ -247,3 +247,5 @@ def test_draft_weight_bytes_follow_the_served_dtype(tmp_path) -> None:
     assert draft_weight_bytes(tmp_path, "bfloat16") == 1000
     assert draft_weight_bytes(tmp_path, "float32") == 2000  # a bf16 checkpoint served in fp32
     assert draft_weight_bytes(tmp_path, "auto") == 1000
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "float16"}))  # newer transformers' key
+    assert draft_weight_bytes(tmp_path, "float32") == 2000

@@ -62,7 +62,8 @@ def draft_weight_bytes(draft_dir: str | os.PathLike[str], dtype: str | None = No
         raise FileNotFoundError(f"--draft: no *.safetensors in {draft_dir}")
     stored = sum(f.stat().st_size for f in files)
     cfg = Path(draft_dir) / "config.json"
-    saved = json.loads(cfg.read_text()).get("torch_dtype") if cfg.is_file() else None
+    c = json.loads(cfg.read_text()) if cfg.is_file() else {}
+    saved = c.get("torch_dtype") or c.get("dtype")  # transformers >= 4.56 writes "dtype"
     if dtype in ELEMENT_BYTES and saved in ELEMENT_BYTES:
         return stored * ELEMENT_BYTES[dtype] // ELEMENT_BYTES[saved]
     return stored
