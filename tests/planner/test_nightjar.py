@@ -238,10 +238,55 @@ def test_engine_reported_draft_lag_drives_the_switch_cost_prediction():
             lag = 300 + k % 32 if k % 32 else 0  # a new request prefills its 300-token prompt
             pol.observe(StepFeedback(batch_size=1, gamma=0, step_time_s=0.5, tokens_emitted=1,
                                      prefill_tokens=0 if k % 32 else 300, draft_lag_tokens=lag if report else None))
-        return pol._predict_switch(pol._off_tokens)
+        return pol._predict_switch(pol._off_tokens, 0)
 
     assert run(True) == pytest.approx(0.1 + 0.0075 * (300 + 599 % 32 + 1), rel=0.02)
     assert run(False) > 3 * run(True)
+
+
+def test_fill_excess_is_learnt_per_bucket_not_as_a_catch_up_rate():
+    # Resumes at batch 1, 4 and 16 after 10 steps off: catch-up 0.1 s + 5 ms per caught-up token
+    # (10 per request), and a fill step whose excess over a plain step grows with the batch (50 ms
+    # per request). Missed tokens grow with the batch too, so one line through both would read the
+    # fill's growth as a per-token rate several times the real one (the measured Qwen profile in
+    # the simulator: 41 ms against 5, which priced turning the draft off out at a full batch).
+    pol = NightjarPolicy(PlannerConfig(max_batch=16))
+    for _ in range(3):
+        for b in (1, 4, 16):
+            for _ in range(10):
+                pol.observe(StepFeedback(batch_size=b, gamma=0, step_time_s=0.4 + 0.02 * b, tokens_emitted=b))
+            pol.observe(StepFeedback(batch_size=b, gamma=1, step_time_s=0.4 + 0.07 * b, tokens_emitted=b,
+                                     switch_cost_s=0.1 + 0.005 * 10 * b, catchup_tokens=10 * b))
+            for _ in range(5):
+                pol.observe(StepFeedback(batch_size=b, gamma=1, step_time_s=0.5 + 0.04 * b, tokens_emitted=2 * b,
+                                         num_draft_tokens=b, num_accepted_tokens=b))
+    c1, c16 = pol._lut[1], pol._lut[16]
+    assert pol._fill_cost[c1] == pytest.approx(0.05, rel=0.05)
+    assert pol._fill_cost[c16] == pytest.approx(0.8, rel=0.05)
+    # catch-up after 1000 missed tokens: 0.1 + 5 s, plus the bucket's fill
+    assert pol._predict_switch(1000, c16) == pytest.approx(0.1 + 5.0 + 0.8, rel=0.05)
+    assert pol._predict_switch(1000, c1) == pytest.approx(0.1 + 5.0 + 0.05, rel=0.05)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_costly_resume_does_not_price_turning_the_draft_off_out_at_a_full_batch(seed):
+    # The first resume caught up on 1330 prompt tokens (6.75 s). At batch 16 gamma 1 is 12 % worse
+    # per token than gamma 0, which has never been tried. Priced as "every resume costs 6.75 s",
+    # a visit to gamma 0 looked too costly to explore and the planner stayed at gamma 1 for good
+    # (one seed of five at saturation on the measured Qwen profile); with the caught-up tokens the
+    # catch-up is per token, a short visit is cheap, and gamma 0 takes over.
+    pol = NightjarPolicy(PlannerConfig(max_batch=16, max_gamma=1, seed=seed))
+    rng = random.Random(seed)
+    pol.observe(StepFeedback(batch_size=16, gamma=1, step_time_s=1.6, tokens_emitted=16,
+                             switch_cost_s=0.115 + 0.005 * 1330, catchup_tokens=1330))
+    played = []
+    for _ in range(4000):
+        g = pol.decide(16)
+        t = (0.81 if g == 0 else 1.59) * (1 + 0.05 * rng.gauss(0, 1))
+        pol.observe(StepFeedback(batch_size=16, gamma=g, step_time_s=t, tokens_emitted=16 if g == 0 else 28,
+                                 num_draft_tokens=16 * g, num_accepted_tokens=12 * g))
+        played.append(g)
+    assert played[-1000:].count(0) >= 950
 
 
 def test_observe_ignores_unknown_arm():

@@ -158,6 +158,7 @@ class EngineControl:
             switch_cost_s=stats.catchup_s,
             prefill_tokens=stats.num_prefill_tokens,
             draft_lag_tokens=stats.draft_lag_tokens if stats.draft_lag_tokens >= 0 else None,
+            catchup_tokens=stats.catchup_tokens if stats.catchup_s > 0 else None,
         )
         now = time.monotonic()
         with self.lock:

@@ -20,8 +20,9 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
     confined between the best arms of established neighbours on either side;
   * ``hysteresis``: a challenger must beat the arm in use by a relative margin;
   * C_switch is learnt separately from the arms' step losses, as fixed + rate * tokens the draft
-    missed while off (least squares over observed switches), and charged to the decision that
-    flips speculation on/off, amortised over the dwell (exploitation) or the visit (exploration);
+    missed while off (least squares over observed switches) plus the bucket's pipeline-fill excess
+    (learnt per bucket: it grows with the batch, not with the missed tokens), and charged to the
+    decision that flips speculation on/off, amortised over the dwell (exploitation) or the visit (exploration);
     the paper instead folds it into the loss of the switching step, which makes that arm look
     bad in whichever bucket happened to switch;
   * ``normalise_batch``: the loss is learnt as loss * batch / bucket_lo (per-token loss falls like
@@ -128,7 +129,8 @@ class NightjarPolicy:
         self._run = 0  # steps since speculation last flipped on/off
         self._dwell = float(config.switch_amortise_steps)  # moving mean of those run lengths
         self._switch_ema: float | None = None
-        self._sw = [0.0] * 5  # C_switch regression sums: n, x, y, xx, xy (x = missed tokens)
+        self._sw = [0.0] * 5  # catch-up regression sums: n, x, y, xx, xy (x = missed tokens)
+        self._fill_cost: list[float | None] = [None] * nb  # pipeline-fill excess on resume, per bucket
         self._off_tokens = 0.0  # tokens emitted/prefilled since speculation went off
         self._drafted = 0.0  # draft tokens verified, all buckets (decaying: see acceptance gate)
         self._accepted = 0.0
@@ -242,13 +244,23 @@ class NightjarPolicy:
         fill = fb.gamma > self._prev_gamma and not self._paper
         resume = fill and self._prev_gamma == 0
         self._prev_gamma = fb.gamma
-        switch_cost = fb.switch_cost_s + (self._fill_excess(c, fb) if resume else 0.0)
+        excess = self._fill_excess(c, fb) if resume else None
+        if excess is not None:
+            # the fill step's cost grows with the batch, not with what the draft missed: learnt per
+            # bucket, outside the catch-up line (fitted together, the batch's growth showed up as a
+            # per-missed-token rate several times the real one, and flips were priced out)
+            f0 = self._fill_cost[c]
+            self._fill_cost[c] = excess if f0 is None else 0.8 * f0 + 0.2 * excess
+        switch_cost = fb.switch_cost_s + (excess or 0.0)
         if switch_cost > 0:
             e = self._switch_ema
             self._switch_ema = switch_cost if e is None else 0.8 * e + 0.2 * switch_cost
             self.stats.switch_cost_s_ema = self._switch_ema
-            # C_switch = fixed + rate * (tokens the draft missed while off): discounted least squares.
-            x, y, f = self._off_tokens, switch_cost, 0.95
+        if fb.switch_cost_s > 0:
+            # catch-up = fixed + rate * (tokens the draft missed while off): discounted least squares,
+            # over the engine's count of caught-up tokens when it gives one
+            x = self._off_tokens if fb.catchup_tokens is None else float(fb.catchup_tokens)
+            y, f = fb.switch_cost_s, 0.95
             sw = self._sw
             sw[0] = f * sw[0] + 1.0
             sw[1] = f * sw[1] + x
@@ -353,12 +365,12 @@ class NightjarPolicy:
         inv = 1.0 / self._w[c]
         return means, [x * inv for x in tn]
 
-    def _fill_excess(self, c: int, fb: StepFeedback) -> float:
+    def _fill_excess(self, c: int, fb: StepFeedback) -> float | None:
         """Time of a pipeline-fill step above a plain (gamma 0) step of bucket c with the same
-        prefill; 0 while bucket c has no gamma-0 evidence."""
+        prefill; None while bucket c has no gamma-0 evidence."""
         i = self._arm_idx.get(0)
         if i is None or self._n[c][i] <= 0:
-            return 0.0
+            return None
         loss0 = self._corrected(c)[i] / self._n[c][i]  # per token, prefill removed, batch-normalised
         plain = loss0 * (self._edges[c] if self._norm else max(1, fb.batch_size))
         plain += self._prefill_slope() * fb.prefill_tokens if self._prefill else 0.0
@@ -432,29 +444,43 @@ class NightjarPolicy:
         of the exploitation dwell (a visit that finds a better arm is followed by exploiting it)."""
         return max(hold, self.config.switch_amortise_steps // 4, 1)
 
-    def _predict_switch(self, missed_tokens: float) -> float:
-        """Expected C_switch after the draft missed ``missed_tokens`` (0 when unknown: optimistic)."""
+    def _predict_switch(self, missed_tokens: float, c: int) -> float:
+        """Expected C_switch of resuming in bucket c after the draft missed ``missed_tokens``: the
+        catch-up line plus the bucket's pipeline-fill excess (each 0 while unknown: optimistic)."""
         if self.config.switch_cost_s is not None:
             return self.config.switch_cost_s
-        n, sx, sy, sxx, sxy = self._sw
-        if n <= 0 or self._paper:
+        if self._paper:
             return self._switch_ema or 0.0
+        fill = self._fill_cost[c] or 0.0
+        n, sx, sy, sxx, sxy = self._sw
+        if n <= 0:
+            return fill
         mx, my = sx / n, sy / n
         var = sxx / n - mx * mx
         if n >= 3 and var > 1e-9 * max(mx * mx, 1.0):
             b = max((sxy / n - mx * my) / var, 0.0)
             a = max(my - b * mx, 0.0)
-            return a + b * missed_tokens
+            return a + b * missed_tokens + fill
         # too few switches for a line: the more optimistic of "always the mean" and "proportional"
-        return min(my, my / mx * missed_tokens) if mx > 0 else my
+        return (min(my, my / mx * missed_tokens) if mx > 0 else my) + fill
 
-    def _switch_penalty(self, c: int, i: int, counts: list[float], horizon: int | None = None) -> float:
+    @staticmethod
+    def _lag_after(steps: int, per_step: float) -> float:
+        """Tokens the draft will have missed after ``steps`` steps off: each step adds ``per_step``
+        and requests that finish take theirs away (the decay of the running estimate), so the lag
+        levels off at ~256 steps' worth instead of growing with the time spent off."""
+        return per_step * (1.0 - _LAG_DECAY**steps) / (1.0 - _LAG_DECAY)
+
+    def _switch_penalty(
+        self, c: int, i: int, counts: list[float], horizon: int | None = None, off_steps: int | None = None
+    ) -> float:
         """C_switch amortised per token, if playing arm i flips speculation on/off from now.
 
-        Turning on pays the predicted catch-up now; turning off is charged the average past C_switch
-        (it will have to be paid again to come back). The cost is spread over ``horizon`` steps:
-        the expected dwell (``switch_amortise_steps``) for exploitation, the short hold of an
-        exploration visit for exploration (paying a large C_switch for a two-step look is a loss)."""
+        Turning on pays the predicted catch-up now; turning off is charged the C_switch of coming
+        back after ``off_steps`` steps off (default: the horizon). The cost is spread over
+        ``horizon`` steps: the expected dwell (``switch_amortise_steps``) for exploitation, the
+        visit for exploration (paying a large C_switch for a two-step look is a loss); an
+        exploration visit turns the draft off only for its hold, so that is what it misses."""
         if (self._arms[i] > 0) == (self._last_gamma > 0):
             return 0.0
         n = self._n[c][i]
@@ -466,9 +492,9 @@ class NightjarPolicy:
         else:
             h = max(horizon, 1)
         if self._arms[i] > 0:
-            cost = self._predict_switch(self._off_tokens)  # catch up on what was missed so far
-        else:
-            cost = self._predict_switch(h * per_step)  # coming back after h steps off
+            cost = self._predict_switch(self._off_tokens, c)  # catch up on what was missed so far
+        else:  # coming back after the steps off
+            cost = self._predict_switch(self._lag_after(h if off_steps is None else max(off_steps, 1), per_step), c)
         if not cost:
             return 0.0
         pen = cost / (h * per_step)
@@ -488,8 +514,9 @@ class NightjarPolicy:
         alt = min(same, key=lambda i: means[i])
         # barely known (e.g. an exploration bin): optimistic, only the switching cost can veto it
         mine = means[a] if means[a] is not None and counts[a] >= _MIN_ELIMINATE else 0.5 * means[alt]
-        horizon = self._visit(self._bin_left[c] + 1) if self._exploring[c] else None
-        if mine + self._switch_penalty(c, a, counts, horizon) < means[alt]:
+        hold = self._bin_left[c] + 1
+        horizon, off = (self._visit(hold), hold) if self._exploring[c] else (None, None)
+        if mine + self._switch_penalty(c, a, counts, horizon, off) < means[alt]:
             return a
         self._arm[c] = alt  # for the rest of this bin
         return alt
@@ -648,7 +675,7 @@ class NightjarPolicy:
                     if eff[i] is not None and counts[i] >= _MIN_ELIMINATE
                     # barely known: optimistic, unless flipping speculation alone costs more than
                     # half of what the best arm loses (e.g. resuming the draft at a full batch)
-                    else flip(c, i, counts, self._visit(int(counts[i]) + 1)) <= 0.5 * b_ucb
+                    else flip(c, i, counts, self._visit(int(counts[i]) + 1), int(counts[i]) + 1) <= 0.5 * b_ucb
                 )
             ]
             if pool == [best]:

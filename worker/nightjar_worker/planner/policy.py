@@ -36,6 +36,9 @@ class StepFeedback:
     # gamma == 0 steps: positions of the running requests the draft's KV cache lacks before this
     # step (what resuming would catch up on, plus this step's tokens); None if the engine cannot tell
     draft_lag_tokens: int | None = None
+    # resume steps: tokens the draft re-processed in its catch-up (what switch_cost_s paid for);
+    # None if the engine cannot tell (the policy then uses its own count of what was missed)
+    catchup_tokens: int | None = None
 
     @property
     def loss(self) -> float:

@@ -94,15 +94,17 @@ class RegretEnv:
             m, v = self.moments[g]
             st = self._step_time(b, g) * min(max(1.0 + cv * z1, 0.5), 1.5)
             tokens = max(b, round(b * m + z2 * math.sqrt(b * v)))
-            sw = 0.0
+            sw, caught = 0.0, None
             if g > 0 and last == 0 and losses:
-                sw = prof.switch_cost(min(lag, b * self.context_tokens))
+                caught = min(lag, b * self.context_tokens)
+                sw = prof.switch_cost(caught)
             lag = lag + tokens if g == 0 else 0.0
             losses.append((st + sw) / tokens)
             policy.observe(
                 StepFeedback(
                     batch_size=b, gamma=g, step_time_s=st, tokens_emitted=tokens,
                     num_draft_tokens=b * g, num_accepted_tokens=tokens - b, switch_cost_s=sw,
+                    catchup_tokens=None if caught is None else round(caught),
                 )
             )
             last = g

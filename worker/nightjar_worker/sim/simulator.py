@@ -230,6 +230,7 @@ class Simulator:
 
             # Switching cost when speculation resumes: the draft catches up on what it missed.
             sw = 0.0
+            lag = None
             if g > 0 and last_g == 0 and steps > 1:
                 lag = sum(st[4] for st in running)
                 sw = prof.switch_cost(lag)
@@ -305,6 +306,7 @@ class Simulator:
                         num_accepted_tokens=accepted_total,
                         switch_cost_s=sw,
                         prefill_tokens=prefill_tokens,
+                        catchup_tokens=lag,
                     )
                 )
                 gsteps[g] = gsteps.get(g, 0) + 1
