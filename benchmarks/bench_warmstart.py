@@ -68,7 +68,7 @@ def batch_bin(b: int) -> int:
 
 
 class StaticRecorder:
-    """A static-gamma policy that records the loss of each prefill-free step per batch bin."""
+    """A static-gamma policy that records the time and tokens of each prefill-free step per batch bin."""
 
     def __init__(self, gamma: int, arms: tuple[int, ...], sums: dict[tuple[int, int], list[float]]) -> None:
         self.g, self._arms, self.sums = gamma, arms, sums
@@ -84,23 +84,27 @@ class StaticRecorder:
     def observe(self, fb) -> None:
         if getattr(fb, "prefill_tokens", 0) or fb.switch_cost_s:
             return
-        acc = self.sums.setdefault((batch_bin(fb.batch_size), self.g), [0.0, 0.0])
-        acc[0] += fb.step_time_s / fb.tokens_emitted
-        acc[1] += 1
+        acc = self.sums.setdefault((batch_bin(fb.batch_size), self.g), [0.0, 0.0, 0])
+        acc[0] += fb.step_time_s
+        acc[1] += fb.tokens_emitted
+        acc[2] += 1
 
 
 def measured_surface(profile: CostProfile, traces: list[tuple[list, int]], arms: tuple[int, ...],
                      min_samples: int = 10) -> dict[int, dict[int, float]]:
-    """bin -> {gamma: mean loss} from static runs of every arm on the given (trace, seed) pairs."""
+    """bin -> {gamma: loss} from static runs of every arm on the given (trace, seed) pairs. The loss is
+    total time over total tokens (the latency per token requests see, and what the planner learns):
+    the mean of per-step time/tokens overweights steps whose drafts were all rejected, and scored
+    the planner against another objective than its own (docs/planner.md, "ratio of sums")."""
     sums: dict[tuple[int, int], list[float]] = {}
     for trace, seed in traces:
         reqs = make_requests(trace, seed)
         for g in arms:
             Simulator(profile, reqs, seed=seed).run(StaticRecorder(g, arms, sums))
     out: dict[int, dict[int, float]] = {}
-    for (b, g), (tot, n) in sums.items():
+    for (b, g), (t, tok, n) in sums.items():
         if n >= min_samples:
-            out.setdefault(b, {})[g] = tot / n
+            out.setdefault(b, {})[g] = t / tok
     return {b: d for b, d in out.items() if len(d) == len(arms)}
 
 
