@@ -1,7 +1,7 @@
 """``make bench-dynamic``: the real worker under time-varying load, every policy in one run.
 
-Load (``dynamic_lib.dynamic_trace``): Poisson arrivals following a rate trace, a sawtooth then
-low -> high -> low (sawtooth: rates rising geometrically low -> high, dropping back), Spec-Bench prompts interleaved by
+Load (``dynamic_lib.dynamic_trace``): Poisson arrivals following a rate trace, low -> high -> low then
+a sawtooth (rates rising geometrically low -> high, dropping back), Spec-Bench prompts interleaved by
 category, temperature 0, the same arrival times (seed) for every policy.
 
 Two Nightjar-scheduler servers (K=4), the policy switched through the admin endpoint between runs
@@ -67,11 +67,19 @@ DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading", "draining")
 
 # Offered load per pair (req/s): "low" about one request at a time, "high" above the service rate
 # (closed loop at the cap). Measured here (2 shared cores, bf16, under the lead's load): bundled 65 ms
-# per decode step at batch 1, ~0.5 s at batch 40, prefill ~90 tokens/s; qwen ~4 tok/s at batch 1.
+# per decode step at batch 1, ~0.5 s at batch 40, prefill ~90 tokens/s.
+# qwen (fp32): its measured profile crosses over between batch 8 and 16 (best gamma 2 at batch 1, 1 at
+# 2-8, 0 at 16; docs/engine.md), so "high" fills 16 slots once (one wave: 16 prompts prefilled, then
+# ~90 s of decoding, so a longer phase would spill a second wave into low-again) and "low" keeps one slot
+# busy (~30 s per request at 64 tokens: ~3 back to back in 90 s). Its former trace (low 0.04 req/s, high
+# capped at 6) put 0-1 requests in each low phase and never reached the batch where no-SD wins.
 TRACES = {
     "bundled": dynamic_lib.TraceSpec(low_rate=0.1, high_rate=1.0, low_cap=2, high_cap=8),
-    "qwen": dynamic_lib.TraceSpec(low_rate=0.04, high_rate=0.4, low_cap=1, high_cap=6),
+    "qwen": dynamic_lib.TraceSpec(low_rate=0.2, high_rate=1.0, low_cap=1, high_cap=16,
+                                  low_s=90.0, high_s=75.0, saw_level_s=20.0),
 }
+# Output tokens per request (QUICK: 32): qwen's fewer, so each low phase holds several requests.
+MAX_TOKENS = {"bundled": 96, "qwen": 64}
 QUICK_SCALE = {"bundled": 0.25, "qwen": 0.25}
 # Every policy replays the same prompts on the same server: with vLLM's prefix cache on, later policies
 # would skip most of the prefill the first ones paid (measured: +55% tokens/s for the same gamma-0
@@ -175,7 +183,7 @@ class Bench:
         res = dynamic_lib.per_phase_summary(recs, self.names)
         steps = dynamic_lib.steps_between(read_jsonl(step_log), unix0, unix1)
         self.results[name] = res
-        self.steps[name] = dynamic_lib.step_phase_stats(steps, unix0, self.windows)
+        self.steps[name] = dynamic_lib.step_phase_stats(steps, unix0, self.windows, unix1)
         self.timelines[name] = {
             "bins": dynamic_lib.binned(steps, unix0),
             "draft_state": [(round(t.unix - unix0, 2), t.draft_state) for t in ticks],
@@ -287,6 +295,20 @@ class Bench:
                           "pressure at this load: the offload policy needs waiting requests or KV usage >= 90%); "
                           "'nightjar' and 'nightjar-no-offload' therefore ran the same configuration in effect")
 
+    def reload(self) -> None:
+        """A finished run's results.json, with the step-log figures derived again from its step logs
+        (for a report whose step-log columns changed after the run)."""
+        d = json.loads((self.out / "results.json").read_text())
+        self.meta, self.results, self.timelines = d["meta"], d["results"], d["timelines"]
+        self.windows = [(n, a, b) for n, a, b in self.meta["phases"]]  # the run's trace, not today's
+        self.names = list(dict.fromkeys(n for n, _, _ in self.windows))
+        logs: dict[str, list] = {}
+        for name, (unix0, unix1) in self.meta["windows_unix"].items():
+            log = self.out / ("steps-a.jsonl" if name in SERVER_A else "steps-b.jsonl")
+            steps = logs.setdefault(log.name, read_jsonl(log))
+            self.steps[name] = dynamic_lib.step_phase_stats(
+                dynamic_lib.steps_between(steps, unix0, unix1), unix0, self.windows, unix1)
+
     # --- output ---------------------------------------------------------------------------------
     def report(self) -> dict:
         ratios = dynamic_lib.dynamic_ratios(self.results, self.names)
@@ -300,6 +322,7 @@ class Bench:
             for ph in [*self.names, "overall"]:
                 s, st = res[ph], self.steps[pol][ph]
                 rows.append([pol, ph, s["requests"], s["errors"], round(s["output_tok_s"], 1),
+                             round(st["window_tok_s"], 1) if st.get("window_tok_s") is not None else "-",
                              f"{fmt_ms(s['ttft_p50_s'])}/{fmt_ms(s['ttft_p99_s'])}",
                              f"{fmt_ms(s['tpot_p50_s'])}/{fmt_ms(s['tpot_p99_s'])}",
                              f"{fmt_s(s['e2e_p50_s'])}/{fmt_s(s['e2e_p99_s'])}",
@@ -314,7 +337,9 @@ class Bench:
                  "(prefill ~90 tokens/s here: long summarization inputs would make this a prefill benchmark)"
         notes += "\n- servers: " + " ".join(SERVER_ARGS) + " (prefix cache off: every policy replays the same prompts)"
         notes += ("\n- best static = the best fixed gamma in each phase, no-SD (gamma 0) included; "
-                  "throughput = output tokens of the requests arriving in the phase over their span; "
+                  "tok/s = output tokens of the requests arriving in the phase over their span; "
+                  "window tok/s = tokens the server emitted while the phase lasted over its length (step log; "
+                  "the last phase's window runs through the drain); "
                   "mean gamma/acceptance from the worker's step log (steps ending in the phase)")
         notes += f"\n- vLLM table (tuned from the sweep): {self.meta.get('vllm_table', 'not tuned')}"
         notes += f"\n- profile: {self.meta.get('profile_source', 'none')}; oracle gamma per batch: " \
@@ -326,7 +351,7 @@ class Bench:
         common.print_table(
             f"bench-dynamic ({self.args.pair} pair{', QUICK' if self.args.quick else ''}, "
             f"trace {' -> '.join(self.names)}, {self.windows[-1][2]:.0f} s per policy)",
-            ["policy", "phase", "req", "err", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "E2E p50/p99 s",
+            ["policy", "phase", "req", "err", "tok/s", "window tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "E2E p50/p99 s",
              "mean gamma", "mean batch", "accept"], rows, self.out / "table.md", notes=notes)
         self.plot()
         common.write_json(self.out / "results.json", {"meta": self.meta, "ratios": ratios, "results": self.results,
@@ -395,27 +420,34 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR", "bundled") or "bundled")
     ap.add_argument("--scale", type=float, default=None, help="trace duration factor (QUICK: 0.25)")
-    ap.add_argument("--max-tokens", type=int, default=32 if quick else 96)
+    ap.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (default per pair; QUICK: 32)")
     ap.add_argument("--policies", nargs="*", default=[*SERVER_A, *SERVER_B])
     ap.add_argument("--max-prompt-chars", type=int, default=1200,
                     help="only Spec-Bench prompts this short (0: all); see dynamic_lib.short_prompts")
     ap.add_argument("--profile", type=Path, default=None, help="CostProfile JSON for dsd/oracle instead of measuring")
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="server B without elastic memory")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite table.md, dynamic.png and results.json from the finished run in --out")
     args = ap.parse_args(argv)
     args.quick = quick
     args.max_prompt_chars = args.max_prompt_chars or None
     if args.scale is None:
         args.scale = QUICK_SCALE[args.pair] if quick else 1.0
+    if args.max_tokens is None:
+        args.max_tokens = 32 if quick else MAX_TOKENS[args.pair]
     if args.out is None:
         sub = "dynamic" if args.pair == "bundled" else f"dynamic-{args.pair}"
         args.out = common.results_dir(sub) / ("quick" if quick else "")
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     bench = Bench(args)
-    steps_a = bench.server_a()
-    bench.server_b(bench.profile(steps_a))
-    bench.meta["wall_s"] = round(time.perf_counter() - t0, 1)
+    if args.report_only:
+        bench.reload()
+    else:
+        steps_a = bench.server_a()
+        bench.server_b(bench.profile(steps_a))
+        bench.meta["wall_s"] = round(time.perf_counter() - t0, 1)
     ratios = bench.report()
     print(f"wrote {args.out}/table.md, dynamic.png, results.json (wall {bench.meta['wall_s']} s)")
     common.print_result(**{k: (v if v is not None else float("nan")) for k, v in ratios.items()

@@ -71,8 +71,10 @@ def short_prompts(prompts: Sequence[Prompt], max_chars: int | None) -> list[Prom
 
 
 def dynamic_trace(spec: TraceSpec, scale: float = 1.0) -> list[Phase]:
-    """The sawtooth, then low -> high -> low: ending low keeps the drain after the trace short."""
-    return sawtooth_trace(spec, scale) + step_trace(spec, scale)
+    """low -> high -> low, then the sawtooth. The step trace comes first because the sawtooth ends at
+    its highest level: the requests still running from it would otherwise fill the low phase's batch
+    (a request outlives a 20-30 s level); they drain after the trace instead, counted in ``saw``."""
+    return step_trace(spec, scale) + sawtooth_trace(spec, scale)
 
 
 def phase_names(phases: Sequence[Phase]) -> list[str]:
@@ -108,19 +110,32 @@ def per_phase_summary(records: Sequence[RequestRecord], names: Sequence[str]) ->
 
 
 def step_phase_stats(
-    steps: Iterable[StepStats], unix0: float, windows: Sequence[tuple[str, float, float]]
+    steps: Iterable[StepStats], unix0: float, windows: Sequence[tuple[str, float, float]],
+    unix1: float | None = None,
 ) -> dict[str, dict[str, float | None]]:
     """Per phase (by step end time) and ``overall``: mean gamma, mean decoding batch, step count,
-    acceptance (accepted / drafted) from the worker's step log of one run starting at ``unix0``."""
+    acceptance (accepted / drafted) from the worker's step log of one run starting at ``unix0``, and
+    ``window_tok_s``: tokens the server emitted in the phase's windows over their length (given the
+    run's end ``unix1``, the last phase's window runs on through the drain). It is the delivered
+    throughput while the phase lasted, whoever's requests the tokens belonged to."""
     acc: dict[str, list[StepStats]] = defaultdict(list)
     end = windows[-1][2] if windows else 0.0
+    run_end = max(end, unix1 - unix0) if unix1 is not None else end
+    last = end
     for s in steps:
         t = s.time - unix0
         if t < 0:
             continue
         acc["overall"].append(s)
+        last = max(last, t)
         if t < end:
             acc[phase_of(t, windows)].append(s)
+        elif t < run_end:
+            acc[windows[-1][0]].append(s)
+    span: dict[str, float] = defaultdict(float)
+    for i, (name, a, b) in enumerate(windows):
+        span[name] += (run_end if i == len(windows) - 1 else b) - a
+    span["overall"] = run_end if unix1 is not None else last
     out: dict[str, dict[str, float | None]] = {}
     for name in [*dict.fromkeys(w[0] for w in windows), "overall"]:
         ss = acc.get(name, [])
@@ -130,6 +145,7 @@ def step_phase_stats(
             "mean_gamma": statistics.fmean(s.gamma for s in ss) if ss else None,
             "mean_batch": statistics.fmean(s.batch_size for s in ss) if ss else None,
             "acceptance": sum(s.num_accepted_tokens for s in ss) / drafted if drafted else None,
+            "window_tok_s": sum(s.tokens_emitted for s in ss) / span[name] if span[name] > 0 else None,
         }
     return out
 

@@ -17,9 +17,9 @@ SPEC = dl.TraceSpec(low_rate=0.5, high_rate=8.0, low_cap=2, high_cap=16, low_s=1
 
 def test_trace_shapes_low_high_low_then_sawtooth():
     ph = dl.dynamic_trace(SPEC, scale=2.0)
-    assert [p.name for p in ph[6:]] == ["low", "high", "low-again"]
-    assert [p.rate for p in ph[6:]] == [0.5, 8.0, 0.5]
-    saw = ph[:6]
+    assert [p.name for p in ph[:3]] == ["low", "high", "low-again"]
+    assert [p.rate for p in ph[:3]] == [0.5, 8.0, 0.5]
+    saw = ph[3:]
     assert len(saw) == 6 and {p.name for p in saw} == {"saw"}
     rates = [p.rate for p in saw]
     assert rates[:3] == rates[3:] and rates[0] == pytest.approx(0.5) and rates[2] == pytest.approx(8.0)
@@ -28,7 +28,7 @@ def test_trace_shapes_low_high_low_then_sawtooth():
     assert [p.max_concurrency for p in saw[:3]] == [2, 9, 16]
     assert all(p.drop_late for p in ph)
     assert sum(p.duration_s for p in ph) == pytest.approx(2 * (10 + 20 + 10 + 30))
-    assert dl.phase_names(ph) == ["saw", "low", "high", "low-again"]
+    assert dl.phase_names(ph) == ["low", "high", "low-again", "saw"]
 
 
 def test_arrivals_follow_the_trace():
@@ -75,6 +75,13 @@ def test_step_phase_stats_per_window():
     assert s["high"]["mean_gamma"] == 1 and s["high"]["mean_batch"] == 8 and s["high"]["acceptance"] == 0.5
     assert s["saw"]["steps"] == 1
     assert s["overall"]["steps"] == 5  # the step before the start is not counted, the drain one is
+    # window throughput: tokens emitted in the phase's windows over their length
+    assert s["low"]["window_tok_s"] == pytest.approx(1 / 10) and s["high"]["window_tok_s"] == pytest.approx(16 / 10)
+    assert s["saw"]["window_tok_s"] == pytest.approx(2 / 10) and s["overall"]["window_tok_s"] == pytest.approx(20 / 40)
+    # given the run's end, the last phase's window runs on through the drain
+    d = dl.step_phase_stats(steps, 100.0, w, unix1=150.0)
+    assert d["saw"]["steps"] == 2 and d["saw"]["window_tok_s"] == pytest.approx(3 / 30)
+    assert d["low"] == s["low"] and d["overall"]["window_tok_s"] == pytest.approx(20 / 50)
 
 
 def test_binned_timeline():

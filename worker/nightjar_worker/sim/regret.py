@@ -7,11 +7,17 @@ contexts and the same noise draws (common random numbers). Per step, with z1, z2
     step_time = T(B, gamma) * (1 + noise_cv * z1)
     tokens    = max(B, round(B * E[gamma] + z2 * sqrt(B * Var[gamma])))   (geometric acceptance,
                 mean and variance over the workload's category mix)
-    loss      = (step_time + C_switch) / tokens
+    loss      = step_time + C_switch - tokens * c*(B)      (seconds)
 
+with c*(B) = min_gamma T(B, gamma) / (B * E[gamma]) the best expected time per token at that batch: a
+step's loss is the time it took beyond what the best arm needs for the tokens it emitted. This is the
+planner's objective (total time over total tokens per context, the latency per token requests see)
+made additive; a per-step ratio (step_time / tokens) would score another objective, since
+E[1/tokens] > 1/E[tokens] penalises the variance of the deeper arms at small batches.
 C_switch (when gamma goes 0 -> k) = profile.switch_cost(tokens emitted while speculation was off,
 capped at B * ``context_tokens``: the draft never has to catch up on more than the running contexts).
-Regret after n steps: R(n) = sum_{t<=n} loss_policy(t) - sum_{t<=n} loss_oracle(t).
+Regret after n steps: R(n) = sum_{t<=n} loss_policy(t) - sum_{t<=n} loss_oracle(t) (the oracle's
+losses are zero-mean noise plus its switching costs, drawn with the same random numbers).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import dataclass, field
 
 from nightjar_worker.planner.policy import GammaPolicy, StepFeedback
 from nightjar_worker.sim.profile import CostProfile
@@ -49,6 +56,15 @@ def batch_contexts(n: int, seed: int, max_batch: int, mean_batch: float = 24.0) 
     return out
 
 
+@dataclass
+class RegretRun:
+    """One policy's pass over the contexts."""
+
+    losses_s: list[float] = field(default_factory=list)  # per step, see the module docstring
+    time_s: float = 0.0  # step and switch time in all
+    decide_s: list[float] = field(default_factory=list)  # decide() durations (time_decisions only)
+
+
 class RegretEnv:
     def __init__(
         self,
@@ -67,6 +83,7 @@ class RegretEnv:
         self.noise_cv = noise_cv
         self.moments = {g: token_moments(g, weights, profile) for g in arms}
         self._t: dict[tuple[int, int], float] = {}
+        self._best: dict[int, float] = {}
 
     def _step_time(self, b: int, g: int) -> float:
         v = self._t.get((b, g))
@@ -74,13 +91,20 @@ class RegretEnv:
             v = self._t[(b, g)] = self.profile.step_time(b, g)
         return v
 
-    def run(self, policy: GammaPolicy, time_decisions: bool = False) -> tuple[list[float], list[float]]:
-        """Per-step losses of ``policy`` on the contexts (and decide() durations in seconds)."""
+    def best_cost_per_token(self, b: int) -> float:
+        """c*(b): the best arm's expected step time per expected token at batch ``b``."""
+        v = self._best.get(b)
+        if v is None:
+            v = self._best[b] = min(self._step_time(b, g) / (b * m) for g, (m, _) in self.moments.items())
+        return v
+
+    def run(self, policy: GammaPolicy, time_decisions: bool = False) -> RegretRun:
+        """``policy`` over the contexts: per-step losses, total time (and decide() durations)."""
         rng = random.Random(self.seed)
         prof = self.profile
         cv = self.noise_cv
-        losses: list[float] = []
-        durations: list[float] = []
+        out = RegretRun()
+        losses = out.losses_s
         last, lag = 0, 0.0
         clock = time.perf_counter
         for b in self.contexts:
@@ -88,7 +112,7 @@ class RegretEnv:
             if time_decisions:
                 t0 = clock()
                 g = policy.decide(b)
-                durations.append(clock() - t0)
+                out.decide_s.append(clock() - t0)
             else:
                 g = policy.decide(b)
             m, v = self.moments[g]
@@ -99,7 +123,8 @@ class RegretEnv:
                 caught = min(lag, b * self.context_tokens)
                 sw = prof.switch_cost(caught)
             lag = lag + tokens if g == 0 else 0.0
-            losses.append((st + sw) / tokens)
+            losses.append(st + sw - tokens * self.best_cost_per_token(b))
+            out.time_s += st + sw
             policy.observe(
                 StepFeedback(
                     batch_size=b, gamma=g, step_time_s=st, tokens_emitted=tokens,
@@ -108,7 +133,7 @@ class RegretEnv:
                 )
             )
             last = g
-        return losses, durations
+        return out
 
 
 def cumulative_regret(policy_losses: list[float], oracle_losses: list[float]) -> list[float]:
