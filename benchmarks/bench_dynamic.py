@@ -12,8 +12,11 @@ semantics; start-up costs minutes here, so one server per policy is not affordab
   sweep as vLLM's Dynamic SD docs suggest (per batch size the gamma with the best measured tokens/s
   of the static runs' decode steps, gamma 0 = no-SD), ``ucb`` (BanditSpec-style) and
   ``nightjar-no-offload`` (Nightjar, draft always resident);
-* a CostProfile is then derived from A's step log (median decode step time per batch size and gamma,
-  acceptance, C_switch; or ``--profile``), and server B starts with it (``NIGHTJAR_PROFILE``) and with
+* after the sweep a CostProfile is derived from A's step log (median decode step time per batch size
+  and gamma, acceptance, C_switch; or ``--profile``); both Nightjar runs start from priors derived from
+  it (``planner.profile_priors``: what a profiled pair or the fleet's priors give a worker in
+  production, and no more than the tuned baselines get; ``--cold`` for none), and server B starts
+  with it (``NIGHTJAR_PROFILE``) and with
   elastic draft memory (``NIGHTJAR_MEMORY``, pinned resident through its control file except for
   Nightjar): ``dsd`` (DSD-style goodput), ``oracle`` (per-batch oracle gamma from the profile) and
   ``nightjar`` (Nightjar with elastic memory, offload policy ``auto``).
@@ -158,6 +161,8 @@ class Bench:
                                      "phases": [[n, round(a, 2), round(b, 2)] for n, a, b in self.windows],
                                      "server_start_s": {}, "notes": [], "server_args": SERVER_ARGS}
         self.table: list[list[int]] | None = None
+        self.profile_path: Path | None = None
+        self.priors: dict | None = None  # Nightjar's warm start (PlannerPriors dump), from the profile
 
     def note(self, text: str) -> None:
         print(f"note: {text}", flush=True)
@@ -175,7 +180,8 @@ class Bench:
         return srv
 
     def run_policy(self, srv: ServerProcess, name: str, step_log: Path) -> None:
-        switch_policy(srv.url, planner_policy(name), self.table if name == "vllm-table" else None)
+        switch_policy(srv.url, planner_policy(name), self.table if name == "vllm-table" else None,
+                      self.priors if name.startswith("nightjar") else None)
         print(f"[{name}] running the trace ({self.windows[-1][2]:.0f} s) ...", flush=True)
         recs, ticks, unix0 = asyncio.run(run_trace(srv.url, srv.model_name(), self.prompts, self.phases,
                                                    self.args.max_tokens))
@@ -196,19 +202,42 @@ class Bench:
               f"requests {o['requests']} errors {o['errors']}", flush=True)
 
     # --- the two servers ------------------------------------------------------------------------
-    def server_a(self) -> list:
+    def server_a(self) -> None:
         log = self.out / "steps-a.jsonl"
         log.unlink(missing_ok=True)
         srv = self.start("a", {"NIGHTJAR_STEP_LOG": str(log)})
         try:
             self.meta["kv_blocks"], self.meta["block_tokens"] = cache_info(srv.url)
+            swept = False
             for name in [p for p in SERVER_A if p in self.args.policies]:
-                if name == "vllm-table":
-                    self.tune_table(log)
+                if name not in STATICS and not swept:
+                    self.after_sweep(log)
+                    swept = True
                 self.run_policy(srv, name, log)
+            if not swept:
+                self.after_sweep(log)
         finally:
             srv.stop()
-        return read_jsonl(log)
+
+    def after_sweep(self, log: Path) -> None:
+        """What the sweep's measurements give the adaptive policies that follow: vLLM's table, the
+        CostProfile (DSD, oracle) and, unless ``--cold``, Nightjar's priors derived from it (what a
+        fleet's priors or a profiled pair give a worker in production; docs/planner.md)."""
+        if "vllm-table" in self.args.policies:
+            self.tune_table(log)
+        self.profile_path = self.profile(read_jsonl(log))
+        if self.profile_path is None or self.args.cold:
+            self.meta["nightjar_start"] = "cold (no priors)"
+            return
+        from nightjar_worker.planner import PlannerConfig
+        from nightjar_worker.planner.profile_priors import priors_from_profile
+        from nightjar_worker.sim.profile import CostProfile
+
+        pri = priors_from_profile(CostProfile.load(self.profile_path), PlannerConfig())
+        self.priors = pri.model_dump()
+        self.meta["nightjar_start"] = (f"warm: priors from the profile ({len(pri.entries)} entries, "
+                                       f"{pri.entries[0].count:g} observations each)" if pri.entries else "cold (empty priors)")
+        print(f"nightjar starts {self.meta['nightjar_start']}", flush=True)
 
     def tune_table(self, log: Path) -> None:
         sweep = [s for p in STATICS if p in self.meta.get("windows_unix", {})
@@ -342,6 +371,7 @@ class Bench:
                   "the last phase's window runs through the drain); "
                   "mean gamma/acceptance from the worker's step log (steps ending in the phase)")
         notes += f"\n- vLLM table (tuned from the sweep): {self.meta.get('vllm_table', 'not tuned')}"
+        notes += f"\n- nightjar start: {self.meta.get('nightjar_start', 'cold (no priors)')}"
         notes += f"\n- profile: {self.meta.get('profile_source', 'none')}; oracle gamma per batch: " \
                  f"{self.meta.get('oracle_gamma_per_batch', 'not measured')}"
         of = ratios.get("oracle_fraction")
@@ -426,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only Spec-Bench prompts this short (0: all); see dynamic_lib.short_prompts")
     ap.add_argument("--profile", type=Path, default=None, help="CostProfile JSON for dsd/oracle instead of measuring")
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="server B without elastic memory")
+    ap.add_argument("--cold", action="store_true",
+                    help="start Nightjar without priors (default: priors derived from the run's profile)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite table.md, dynamic.png and results.json from the finished run in --out")
@@ -445,8 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         bench.reload()
     else:
-        steps_a = bench.server_a()
-        bench.server_b(bench.profile(steps_a))
+        bench.server_a()
+        bench.server_b(bench.profile_path)
         bench.meta["wall_s"] = round(time.perf_counter() - t0, 1)
     ratios = bench.report()
     print(f"wrote {args.out}/table.md, dynamic.png, results.json (wall {bench.meta['wall_s']} s)")

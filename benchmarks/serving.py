@@ -58,8 +58,14 @@ def pair_args(pair: str) -> list[str]:
     return ["--model", str(t), "--draft", str(d), "--dtype", pair_dtype(pair)]
 
 
-def switch_body(name: str, table: list[list[int]] | None = None) -> dict:
-    """Runtime-config body selecting the planner policy that reproduces baseline ``name``."""
+def switch_body(name: str, table: list[list[int]] | None = None, priors: dict | None = None) -> dict:
+    """Runtime-config body selecting the planner policy that reproduces baseline ``name`` (with
+    ``priors``, a ``PlannerPriors`` dump, the rebuilt policy starts from them)."""
+    body = _policy_body(name, table)
+    return {**body, "priors": priors} if priors is not None else body
+
+
+def _policy_body(name: str, table: list[list[int]] | None) -> dict:
     if name.startswith("static-"):
         return {"planner": {"policy": "static", "static_gamma": int(name.split("-")[1])}}
     if name == "vllm-table":
@@ -72,11 +78,11 @@ def switch_body(name: str, table: list[list[int]] | None = None) -> dict:
     raise ValueError(f"policy: {name!r} cannot be switched at run time")
 
 
-def switch_policy(url: str, name: str, table: list[list[int]] | None = None) -> None:
+def switch_policy(url: str, name: str, table: list[list[int]] | None = None, priors: dict | None = None) -> None:
     """POST the policy to the admin endpoint; returns once the engine reports it applied."""
     import httpx
 
-    r = httpx.post(url + "/nightjar/v1/config", json=switch_body(name, table),
+    r = httpx.post(url + "/nightjar/v1/config", json=switch_body(name, table, priors),
                    headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
     if r.status_code != 200 or r.json().get("status") != "applied":
         raise RuntimeError(f"switching to {name} failed: {r.status_code} {r.text}")

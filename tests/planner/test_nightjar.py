@@ -289,6 +289,24 @@ def test_one_costly_resume_does_not_price_turning_the_draft_off_out_at_a_full_ba
     assert played[-1000:].count(0) >= 950
 
 
+@pytest.mark.parametrize(("gamma1_loss", "resumes"), [(0.95e-3, False), (0.4e-3, True)])
+def test_a_long_pause_does_not_make_resuming_look_cheap(gamma1_loss, resumes):
+    # 800 steps at batch 16 (draft off), then 40 at batch 4, where gamma 1 saves 5 % per token: over
+    # the expected run (32 steps) that is 10 ms against a 50 ms C_switch, so the draft stays off.
+    # Amortising the resume over the pause before it (800 steps) made it look worth it every time.
+    # Where gamma 1 saves 60 %, resuming pays and still happens.
+    losses = {4: {0: 1.0e-3, 1: gamma1_loss}, 16: {0: 0.5e-3, 1: 0.8e-3}}
+    cfg = PlannerConfig(max_gamma=1, max_batch=32, switch_cost_s=0.05)
+    pol = NightjarPolicy(cfg)
+    pol.set_priors(PlannerPriors(bucket_edges=cfg.bucket_edges, entries=[
+        PriorEntry(bucket_lo=b, gamma=g, mean_loss_s=m, count=64) for b in (4, 16) for g, m in losses[b].items()
+    ]))
+    batches = ([4] * 200 + [16] * 800 + [4] * 40) * 3
+    chosen = run_env(pol, losses, batches, switch_cost_s=0.05)
+    after_pause = [g for i, g in enumerate(chosen) if i % 1040 >= 1000]
+    assert after_pause.count(1) == (len(after_pause) if resumes else 0)
+
+
 def test_observe_ignores_unknown_arm():
     pol = build_policy(PlannerConfig(arms=[0, 2]))
     pol.observe(feedback(4, 3, 1e-3, random.Random(0)))

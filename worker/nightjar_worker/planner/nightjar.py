@@ -127,7 +127,9 @@ class NightjarPolicy:
         self._last_gamma = 0
         self._prev_gamma = 0  # gamma of the last observed step (pipeline fill detection)
         self._run = 0  # steps since speculation last flipped on/off
-        self._dwell = float(config.switch_amortise_steps)  # moving mean of those run lengths
+        # moving mean length of the runs with speculation off [0] and on [1]: how long a flip into
+        # that state is expected to last, the horizon over which its C_switch amortises
+        self._dwell = [float(config.switch_amortise_steps)] * 2
         self._switch_ema: float | None = None
         self._sw = [0.0] * 5  # catch-up regression sums: n, x, y, xx, xy (x = missed tokens)
         self._fill_cost: list[float | None] = [None] * nb  # pipeline-fill excess on resume, per bucket
@@ -225,8 +227,8 @@ class NightjarPolicy:
                 st.switches_on += 1
             else:
                 st.switches_off += 1
-            # how long speculation stays on/off: the horizon over which a flip amortises C_switch
-            self._dwell += 0.2 * (min(self._run, _MAX_DWELL) - self._dwell)
+            k = 1 if self._last_gamma > 0 else 0  # the run that just ended
+            self._dwell[k] += 0.2 * (min(self._run, _MAX_DWELL) - self._dwell[k])
             self._run = 0
         self._run += 1
         self._last_gamma = g
@@ -477,24 +479,30 @@ class NightjarPolicy:
         """C_switch amortised per token, if playing arm i flips speculation on/off from now.
 
         Turning on pays the predicted catch-up now; turning off is charged the C_switch of coming
-        back after ``off_steps`` steps off (default: the horizon). The cost is spread over
-        ``horizon`` steps: the expected dwell (``switch_amortise_steps``) for exploitation, the
-        visit for exploration (paying a large C_switch for a two-step look is a loss); an
-        exploration visit turns the draft off only for its hold, so that is what it misses."""
-        if (self._arms[i] > 0) == (self._last_gamma > 0):
+        back after ``off_steps`` steps off (default: the horizon), but no more than resumes have
+        cost so far. The cost is spread over ``horizon`` steps: for exploitation, the expected
+        length of a run in the state entered (at least ``switch_amortise_steps``); for exploration
+        the visit (paying a large C_switch for a two-step look is a loss); an exploration visit
+        turns the draft off only for its hold, so that is what it misses."""
+        on = self._arms[i] > 0
+        if on == (self._last_gamma > 0):
             return 0.0
         n = self._n[c][i]
         per_step = max(self._tok[c][i] / n if n > 0 else float(self._edges[c]), 1.0)
         if horizon is None:
-            # exploitation: the expected dwell, at least H; a planner that flips rarely (long
-            # dwells) may resume speculation after a long pause, one that flips often may not
-            h = int(max(self.config.switch_amortise_steps, self._dwell, min(self._run, _MAX_DWELL)))
+            # not the current run's length: a long pause says nothing about how long the next
+            # run lasts (amortising a resume over it made resumes look cheap after long pauses)
+            h = int(max(self.config.switch_amortise_steps, self._dwell[on]))
         else:
             h = max(horizon, 1)
-        if self._arms[i] > 0:
+        if on:
             cost = self._predict_switch(self._off_tokens, c)  # catch up on what was missed so far
         else:  # coming back after the steps off
             cost = self._predict_switch(self._lag_after(h if off_steps is None else max(off_steps, 1), per_step), c)
+            if self._switch_ema is not None and self.config.switch_cost_s is None:
+                # the lag extrapolated at this batch overshoots: speculation resumes at a smaller
+                # batch, whose running contexts bound the catch-up; observed resumes embody that
+                cost = min(cost, self._switch_ema)
         if not cost:
             return 0.0
         pen = cost / (h * per_step)

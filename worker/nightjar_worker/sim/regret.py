@@ -119,8 +119,10 @@ class RegretEnv:
             st = self._step_time(b, g) * min(max(1.0 + cv * z1, 0.5), 1.5)
             tokens = max(b, round(b * m + z2 * math.sqrt(b * v)))
             sw, caught = 0.0, None
+            # what the draft lacks of the running contexts (the engine reports it at gamma 0)
+            lacks = min(lag, b * self.context_tokens)
             if g > 0 and last == 0 and losses:
-                caught = min(lag, b * self.context_tokens)
+                caught = lacks
                 sw = prof.switch_cost(caught)
             lag = lag + tokens if g == 0 else 0.0
             losses.append(st + sw - tokens * self.best_cost_per_token(b))
@@ -130,6 +132,7 @@ class RegretEnv:
                     batch_size=b, gamma=g, step_time_s=st, tokens_emitted=tokens,
                     num_draft_tokens=b * g, num_accepted_tokens=tokens - b, switch_cost_s=sw,
                     catchup_tokens=None if caught is None else round(caught),
+                    draft_lag_tokens=round(lacks) if g == 0 else None,
                 )
             )
             last = g

@@ -249,6 +249,7 @@ class Simulator:
             # Tokens: geometric acceptance per request.
             emitted = 0
             accepted_total = 0
+            lacks = 0  # at gamma 0: positions of running requests the draft lacks (as the engine reports)
             done: list[list] = []
             rand = rng.random
             for st in running:
@@ -270,6 +271,7 @@ class Simulator:
                 st[1] -= e
                 st[2] += e
                 if g == 0:
+                    lacks += st[4]
                     st[4] += e
                 emitted += e
                 if st[1] <= 0:
@@ -307,6 +309,7 @@ class Simulator:
                         switch_cost_s=sw,
                         prefill_tokens=prefill_tokens,
                         catchup_tokens=lag,
+                        draft_lag_tokens=lacks if g == 0 else None,
                     )
                 )
                 gsteps[g] = gsteps.get(g, 0) + 1

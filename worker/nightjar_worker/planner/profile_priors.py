@@ -1,0 +1,34 @@
+"""Planner priors from a measured cost profile: start warm when the pair's cost surface is known.
+
+A fleet's workers learn these from each other (the operator averages their planner snapshots); a
+single worker, or a benchmark that has just swept the static arms, can derive the same belief from
+the ``CostProfile`` it measured (``nightjar-worker profile``, or the step log of a static sweep) and
+push it like any other priors (runtime config ``priors``). Pure: no torch, no vllm.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nightjar_worker.planner.config import PlannerConfig, PlannerPriors, PriorEntry
+
+if TYPE_CHECKING:
+    from nightjar_worker.sim.profile import CostProfile
+
+
+def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: float | None = None) -> PlannerPriors:
+    """Per bucket lower edge and arm, the profile's expected seconds per generated token at that edge
+    (decode steps without prefill, the geometric acceptance of the profile's ``all`` rate): the units
+    of ``NightjarPolicy.snapshot``, batch-normalised to the lower edge. Each entry is worth ``count``
+    observations (default ``config.prior_max_count``, the most a prior may count for).
+
+    Buckets whose lower edge lies beyond the profiled batch sizes, and arms beyond its gammas, get no
+    entry: the profile extrapolates there, and a guess would only delay the planner's own evidence."""
+    n = config.prior_max_count if count is None else count
+    top_b, top_g = profile.batch_sizes[-1], profile.gammas[-1]
+    entries = [
+        PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=profile.expected_loss(lo, g), count=n)
+        for lo in config.edges() if lo <= top_b
+        for g in config.resolved_arms() if g <= top_g
+    ]
+    return PlannerPriors(bucket_edges=list(config.edges()), entries=entries)
