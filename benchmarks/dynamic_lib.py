@@ -215,19 +215,30 @@ def profile_from_steps(
     block_tokens: int = 16,
     min_steps: int = 3,
 ) -> CostProfile:
-    """A CostProfile from step logs of runs covering every gamma (no-SD + static-k): median step time
-    per (batch, gamma) at every batch size observed at least ``min_steps`` times under every gamma;
-    acceptance from the largest gamma; C_switch fitted on the catch-up steps. Raises ValueError when
-    no batch size has every gamma."""
+    """A CostProfile from step logs of runs covering every gamma (no-SD + static-k). Per gamma, the
+    median step time at every batch size observed at least ``min_steps`` times under it; each gamma's
+    points interpolated linearly onto the union of those batch sizes inside the range every gamma
+    covers (no extrapolation). Each static run meets its own batch sizes (a trace's waves fill
+    differently at another gamma), so requiring every gamma at the same batch size left two batch
+    sizes of a 375 s Qwen trace (1 and 2, or 1 and 38), and the oracle extrapolated from them.
+    Acceptance from the largest gamma; C_switch fitted on the catch-up steps. Raises ValueError when
+    a gamma has no batch size or the gammas' ranges do not overlap."""
+    import numpy as np
     from nightjar_worker.profiler import fit_switch_cost
 
     cells = cell_times(steps)
     gs = sorted(set(gammas))
-    batches = sorted({b for b, _ in cells})
-    rows = [(b, [statistics.median(cells[(b, g)]) for g in gs])
-            for b in batches if all(len(cells.get((b, g), [])) >= min_steps for g in gs)]
-    if not rows:
-        raise ValueError(f"no batch size has >= {min_steps} pure decode steps under every gamma {gs}")
+    pts = {g: sorted((b, statistics.median(v)) for (b, gg), v in cells.items() if gg == g and len(v) >= min_steps)
+           for g in gs}
+    missing = [g for g in gs if not pts[g]]
+    if missing:
+        raise ValueError(f"gamma {missing}: no batch size has >= {min_steps} pure decode steps "
+                         f"(the profile needs every gamma {gs})")
+    lo, hi = max(p[0][0] for p in pts.values()), min(p[-1][0] for p in pts.values())
+    grid = sorted({b for p in pts.values() for b, _ in p if lo <= b <= hi})
+    if not grid:
+        raise ValueError(f"the batch sizes of every gamma {gs} do not overlap ({lo} > {hi})")
+    rows = [(b, [float(np.interp(b, [x for x, _ in pts[g]], [y for _, y in pts[g]])) for g in gs]) for b in grid]
     alpha = acceptance_alpha(steps)
     fixed, per_tok = fit_switch_cost([(s.catchup_tokens, s.catchup_s) for s in steps if s.catchup_s > 0])
     return CostProfile(

@@ -220,3 +220,27 @@ def test_warm_start_body_switches_policy_and_seeds_its_priors():
     assert holder.policy.name == "nightjar"
     assert {(e.bucket_lo, e.gamma) for e in snap.entries} == {(e.bucket_lo, e.gamma) for e in pri.entries}
     assert "priors" not in switch_body("nightjar")
+
+
+def test_profile_interpolates_each_gamma_over_its_own_batch_sizes():
+    # Each static run meets its own batch sizes: gamma 0 at 1, 4 and 16, gamma 1 at 1, 8 and 12.
+    # The profile covers 1-12 (the range both cover; no extrapolation to 16) at the union of their
+    # batch sizes, each gamma interpolated over its own points.
+    def t(b, g):
+        return 0.1 + 0.01 * b + (0.05 + 0.02 * b) * g
+
+    steps, clock = [], 0.0
+    for g, batches in ((0, (1, 4, 16)), (1, (1, 8, 12))):
+        for b in batches:
+            for _ in range(3):
+                clock += 1
+                steps.append(step(clock, b, g, t(b, g), b * (1 + g)))
+    prof = dl.profile_from_steps(steps, [0, 1], name="t", device="c", target="x", draft="y",
+                                 kv_blocks_total=1, kv_block_bytes=1)
+    assert prof.batch_sizes == [1, 4, 8, 12] and prof.max_batch == 12
+    for b in (1, 4, 8, 12):  # both lines are linear in b, so interpolation is exact
+        assert prof.step_time(b, 0) == pytest.approx(t(b, 0)) and prof.step_time(b, 1) == pytest.approx(t(b, 1))
+    with pytest.raises(ValueError, match="do not overlap"):
+        dl.profile_from_steps([s for s in steps if s.gamma == 1 or s.num_reqs == 16]
+                              + [step(99 + i, 16, 0, 0.3, 16) for i in range(3)], [0, 1], name="t", device="c",
+                              target="x", draft="y", kv_blocks_total=1, kv_block_bytes=1)
