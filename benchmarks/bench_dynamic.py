@@ -272,7 +272,9 @@ class Bench:
         prof.save(path)
         self.meta["profile_source"] = "measured in this run (server A's no-SD/static step log)"
         self.meta["profile"] = {"batch_sizes": prof.batch_sizes, "alpha": prof.alpha(),
-                                "switch_cost": [prof.switch_cost_fixed_s, prof.switch_cost_per_token_s]}
+                                "switch_cost": [prof.switch_cost_fixed_s, prof.switch_cost_per_token_s],
+                                "draft_prefill_s_per_token": prof.draft_prefill_s_per_token,
+                                "prompt_tokens_per_output_token": prof.prompt_tokens_per_output_token}
         self.meta["oracle_gamma_per_batch"] = dynamic_lib.oracle_gammas(prof, prof.batch_sizes)
         print(f"profile: batches {prof.batch_sizes}, alpha {prof.alpha():.3f}; oracle gamma per batch "
               f"{self.meta['oracle_gamma_per_batch']}", flush=True)

@@ -201,6 +201,30 @@ def acceptance_alpha(steps: Iterable[StepStats]) -> float | None:
     return invert_acceptance(accepted / (drafted / g), g)
 
 
+def draft_prefill_cost(steps: Sequence[StepStats], min_steps: int = 3) -> float:
+    """Seconds the running draft adds per prompt token prefilled in a step: the least-squares slope
+    of step time on prompt tokens over the steps that carried prompts with the draft on (gamma > 0),
+    minus the same slope with it off. 0 when a state has fewer than ``min_steps`` such steps or a
+    single prompt size (no slope)."""
+    import numpy as np
+
+    slopes = []
+    for on in (False, True):
+        pts = [(s.num_prefill_tokens, s.step_time_s) for s in steps
+               if s.num_prefill_tokens > 0 and (s.gamma > 0) == on]
+        if len(pts) < min_steps or len({x for x, _ in pts}) < 2:
+            return 0.0
+        x, y = np.array(pts, dtype=float).T
+        slopes.append(float(np.polyfit(x, y, 1)[0]))
+    return max(0.0, slopes[1] - slopes[0])
+
+
+def prompt_per_output(steps: Sequence[StepStats]) -> float:
+    """The workload's prompt tokens prefilled per token generated, over all steps (0 if none)."""
+    gen = sum(s.tokens_emitted for s in steps)
+    return sum(s.num_prefill_tokens for s in steps) / gen if gen > 0 else 0.0
+
+
 def profile_from_steps(
     steps: Sequence[StepStats],
     gammas: Sequence[int],
@@ -221,7 +245,8 @@ def profile_from_steps(
     covers (no extrapolation). Each static run meets its own batch sizes (a trace's waves fill
     differently at another gamma), so requiring every gamma at the same batch size left two batch
     sizes of a 375 s Qwen trace (1 and 2, or 1 and 38), and the oracle extrapolated from them.
-    Acceptance from the largest gamma; C_switch fitted on the catch-up steps. Raises ValueError when
+    Acceptance from the largest gamma; C_switch fitted on the catch-up steps; the draft's prefill cost
+    and the prompt/output ratio from the steps that carried prompts. Raises ValueError when
     a gamma has no batch size or the gammas' ranges do not overlap."""
     import numpy as np
     from nightjar_worker.profiler import fit_switch_cost
@@ -248,6 +273,7 @@ def profile_from_steps(
         batch_sizes=[b for b, _ in rows], gammas=gs, step_time_s=[r for _, r in rows],
         acceptance={"all": min(1.0, max(0.0, alpha if alpha is not None else 0.0))},
         switch_cost_fixed_s=fixed, switch_cost_per_token_s=per_tok,
+        draft_prefill_s_per_token=draft_prefill_cost(steps), prompt_tokens_per_output_token=prompt_per_output(steps),
     )
 
 
@@ -290,9 +316,10 @@ def table_from_best(best: Mapping[int, int], max_batch: int = 1024) -> list[list
 
 def oracle_gammas(profile: CostProfile, batches: Iterable[int]) -> dict[int, int]:
     """Per batch size the gamma with the least expected seconds per token under the profile (what the
-    planner's oracle plays, switching cost aside)."""
-    a = profile.alpha()
-    return {b: min(profile.gammas, key=lambda g: profile.step_time(b, g) / (b * expected_tokens(g, a)))
+    planner's oracle plays, switching cost aside; gamma > 0 pays the draft's prefill per token)."""
+    a, pre = profile.alpha(), profile.draft_prefill_per_output_token()
+    return {b: min(profile.gammas,
+                   key=lambda g: profile.step_time(b, g) / (b * expected_tokens(g, a)) + (pre if g > 0 else 0.0))
             for b in batches}
 
 

@@ -222,7 +222,8 @@ def overview() -> dict[str, Any]:
         hide=["namespace", "job", "pod", "container", "endpoint", "service"]), w=8, h=10)
     L.add(table(
         "Planner loss estimate per (bucket, gamma)",
-        "Mean loss the planner estimates for each (batch bucket, gamma), averaged over workers.",
+        "Mean loss the planner estimates for each (batch bucket, gamma), averaged over workers: decode cost per "
+        "generated token with prefill taken out (gamma > 0 also pays the draft prefill charge, panel below).",
         f"avg by (bucket, gamma) (nightjar_planner_loss_seconds{{{S}}})", unit="s"), w=8, h=10)
     L.add(table(
         "Planner observations per (bucket, gamma)",
@@ -239,6 +240,14 @@ def overview() -> dict[str, Any]:
         "exploring speculation (nightjar_planner_acceptance_gate_closed); it re-opens now and then to re-probe.",
         [target(f"max by (nightjar_deployment, instance) (nightjar_planner_acceptance_gate_closed{{{S}}})",
                 "{{instance}}")], unit="short"), w=12, h=6)
+    L.add(timeseries(
+        "Draft prefill charged per generated token",
+        "What each worker's planner charges gamma > 0 per generated token for the running draft's prefill of "
+        "the workload's prompts: learnt draft seconds per prompt token x prompt tokens per generated token "
+        "(nightjar_planner_draft_prefill_seconds). Long prompts and short replies raise it; above the "
+        "per-token gain of speculating, the planner keeps gamma at 0.",
+        [target(f"max by (nightjar_deployment, instance) (nightjar_planner_draft_prefill_seconds{{{S}}})",
+                "{{instance}}")], unit="s"), w=12, h=6)
 
     # ---- Acceptance -----------------------------------------------------------------------------
     L.row("Draft acceptance per arm")

@@ -118,6 +118,25 @@ def test_profile_from_steps_and_oracle():
     assert og[1] > 0 and og[8] == 0
 
 
+def test_the_draft_prefill_measured_in_the_sweep_prices_speculation():
+    # Prompt steps: the target prefills at 20 ms/token, the draft adds 10 ms/token when on. Charged per
+    # generated token at the sweep's prompt/output ratio, that outweighs gamma 1's small gain at batch 1.
+    decode = [s for s in sweep_steps() if s.num_prefill_tokens == 0]
+    prompts = [step(100 + i, 4, g, 0.05 + (0.02 + 0.01 * (g > 0)) * p, 4, prefill=p)
+               for i, (g, p) in enumerate((g, p) for g in (0, 2) for p in (100, 200, 300, 150))]
+    steps = decode + prompts
+    assert dl.draft_prefill_cost(steps) == pytest.approx(0.01)
+    ratio = dl.prompt_per_output(steps)
+    assert ratio == pytest.approx(2 * 750 / sum(s.tokens_emitted for s in steps))
+    assert dl.draft_prefill_cost(steps[:-2]) == 0.0  # two draft-on prompt steps: too few to trust
+    prof = dl.profile_from_steps(steps, [0, 1, 2, 3, 4], name="t", device="cpu", target="x", draft="y",
+                                 kv_blocks_total=100, kv_block_bytes=1000)
+    assert prof.draft_prefill_s_per_token == pytest.approx(0.01)
+    assert prof.draft_prefill_per_output_token() == pytest.approx(0.01 * ratio)
+    assert dl.oracle_gammas(prof, [1, 8]) == {1: 0, 8: 0}  # speculation paid at batch 1 decoding alone
+    assert dl.oracle_gammas(prof.model_copy(update={"prompt_tokens_per_output_token": 0.0}), [1])[1] > 0
+
+
 def test_profile_needs_every_gamma():
     steps = [s for s in sweep_steps() if s.gamma != 3]
     with pytest.raises(ValueError, match="every gamma"):

@@ -73,6 +73,20 @@ def test_oracle_is_argmin_of_true_loss(roofline):
     assert pol.decide(1) > 0 and OraclePolicy(cfg, roofline).decide(256) == 0
 
 
+def test_oracle_charges_the_draft_prefill_to_speculation(roofline):
+    cfg = PlannerConfig(policy="oracle")
+    plain = OraclePolicy(cfg, roofline)
+    g = plain.decide(1)
+    assert g > 0
+    gain = plain.expected_loss(1, 0) - plain.expected_loss(1, g)
+    # the draft's prefill of 3 prompt tokens per generated token, each costing 1.5x the gain / 3
+    heavy = roofline.model_copy(update={"draft_prefill_s_per_token": 0.5 * gain, "prompt_tokens_per_output_token": 3.0})
+    pol = OraclePolicy(cfg, heavy)
+    assert pol.expected_loss(1, g) == pytest.approx(plain.expected_loss(1, g) + 1.5 * gain)
+    assert pol.expected_loss(1, 0) == plain.expected_loss(1, 0)
+    assert pol.decide(1) == 0
+
+
 def test_oracle_charges_switching(roofline):
     pol = OraclePolicy(PlannerConfig(policy="oracle"), roofline)
     # A long time off at batch 64 makes the catch-up expensive: stay off even though gamma 1 is

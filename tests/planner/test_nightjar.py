@@ -204,9 +204,10 @@ def test_prefill_cost_is_separated():
     assert run(False).count(3) < run(True).count(3)
 
 
-def test_the_draft_own_prefill_stays_in_the_speculative_loss():
+def test_the_draft_own_prefill_is_charged_per_generated_token():
     # The target prefills at 20 ms/token (learnt from draft-off steps); with the draft on, the draft
-    # prefills too (+10 ms/token). Only the target's share is taken out of gamma 3's loss.
+    # prefills too (+10 ms/token). Each state's slope is taken out of its steps, and gamma 3 is
+    # charged the draft's 10 ms per prompt token times the prompt tokens per generated token.
     pol = NightjarPolicy(PlannerConfig())
     for k in range(40):
         p = 100 * (k % 2)
@@ -218,7 +219,40 @@ def test_the_draft_own_prefill_stays_in_the_speculative_loss():
                                  num_draft_tokens=3, num_accepted_tokens=2, prefill_tokens=p))
     loss = {e.gamma: e.mean_loss_s for e in pol.snapshot().entries}
     assert loss[0] == pytest.approx(0.5, rel=1e-6)
-    assert loss[3] == pytest.approx((0.8 + 0.01 * 50) / 3, rel=0.05)  # 0.433, not 0.8 / 3
+    assert loss[3] == pytest.approx(0.8 / 3, rel=0.02)  # decode only: what a prior carries
+    rho = (40 * 50 + 41 * 50) / (40 * 1 + 41 * 3)  # prompt tokens per generated token, both states
+    means, _ = pol._estimates(0)
+    assert means[pol.arms.index(3)] == pytest.approx(0.8 / 3 + 0.01 * rho, rel=0.05)
+    assert means[pol.arms.index(0)] == pytest.approx(0.5, rel=1e-6)
+
+
+@pytest.mark.parametrize("amortise", [True, False])
+def test_the_draft_prefill_learnt_where_prompts_land_is_charged_at_every_batch(amortise):
+    # Waves of 400-token prompts are prefilled at batch 8: the target at 20 ms/token, +10 ms/token
+    # with the draft on. Their requests then decode down to batch 1, where, decoding alone, gamma 2
+    # is 20 % cheaper per token (0.6 s for 1.5 tokens against 0.5 s for 1). Speculating at batch 1
+    # needs the draft to have prefilled those prompts too: ~16 prompt tokens per generated token
+    # cost it 0.16 s per token, more than the 0.1 s it saves. Batch 1 never sees a prefill step, so
+    # only the amortised charge tells it.
+    pol = NightjarPolicy(PlannerConfig(amortise_draft_prefill=amortise))
+    for g, base, slope, tokens in ((0, 0.8, 0.02, 8), (2, 1.0, 0.03, 12)):
+        for k in range(21):  # the first gamma-2 step is the pipeline fill (not learnt)
+            p = 400 * (k % 2)
+            pol.observe(StepFeedback(batch_size=8, gamma=g, step_time_s=base + slope * p, tokens_emitted=tokens,
+                                     num_draft_tokens=8 * g, num_accepted_tokens=4 * (g > 0), prefill_tokens=p))
+    for g, t, tokens in ((0, 0.5, 1), (2, 0.6, 1.5)):
+        for k in range(41):
+            pol.observe(StepFeedback(batch_size=1, gamma=g, step_time_s=t, tokens_emitted=int(tokens + k % 2 * 0.5),
+                                     num_draft_tokens=g, num_accepted_tokens=k % 2))
+    means, _ = pol._estimates(0)
+    off, on = means[pol.arms.index(0)], means[pol.arms.index(2)]
+    assert off == pytest.approx(0.5, rel=1e-6)
+    if amortise:
+        assert pol.draft_prefill_per_token() == pytest.approx(0.01 * 8000 / 522, rel=0.05)
+        assert on > off  # 0.4 + 0.153
+    else:
+        assert pol.draft_prefill_per_token() == 0.0
+        assert on == pytest.approx(0.4, rel=0.05)
 
 
 def test_engine_reported_draft_lag_drives_the_switch_cost_prediction():

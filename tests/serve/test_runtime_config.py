@@ -194,6 +194,7 @@ def test_engine_control_records_metrics_and_applies_updates(tmp_path, monkeypatc
     # the first step exported the estimates even though the next export is an hour away
     assert REGISTRY.get_sample_value("nightjar_planner_loss_seconds", {"bucket": "1", "gamma": "0"}) is not None
     assert REGISTRY.get_sample_value("nightjar_planner_acceptance_gate_closed") == 0  # every draft accepted
+    assert REGISTRY.get_sample_value("nightjar_planner_draft_prefill_seconds") == 0  # no prompt seen: not learnt
     # an update is exported at once, without waiting for a step or the period
     fresh = {"bucket_lo": 16, "gamma": 2, "mean_loss_s": 0.0456, "count": 3}  # a bucket no step reached
     write_config_atomically(path, WorkerRuntimeConfig(priors=PRIORS | {"entries": [*PRIORS["entries"], fresh]}))

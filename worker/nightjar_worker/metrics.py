@@ -69,6 +69,12 @@ planner_acceptance_gate_closed = Gauge(
     "1 while the planner's acceptance gate stops exploring gamma > 0 (pooled draft acceptance too low to pay)",
     multiprocess_mode=_MP,
 )
+planner_draft_prefill_seconds = Gauge(
+    "nightjar_planner_draft_prefill_seconds",
+    "Seconds per generated token the planner charges gamma > 0 for the running draft's prefill of the "
+    "workload's prompts (learnt draft prefill cost per prompt token x prompt tokens per generated token; 0 until learnt)",
+    multiprocess_mode=_MP,
+)
 batch_size = Histogram("nightjar_batch_size", "Requests in the decoding batch per step", buckets=BATCH_BUCKETS)
 planner_decision_seconds = Histogram(
     "nightjar_planner_decision_seconds", "Wall time of one policy decide() call", buckets=DECISION_BUCKETS
@@ -158,6 +164,9 @@ class WorkerMetrics:
 
     def set_acceptance_gate(self, closed: bool) -> None:
         planner_acceptance_gate_closed.set(1 if closed else 0)
+
+    def set_draft_prefill(self, seconds_per_token: float) -> None:
+        planner_draft_prefill_seconds.set(seconds_per_token)
 
     # -- runtime config ------------------------------------------------------------------------------
     def config_applied(self, cfg: Any) -> None:

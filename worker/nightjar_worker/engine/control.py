@@ -163,13 +163,15 @@ class EngineControl:
         now = time.monotonic()
         with self.lock:
             self.policy.observe(fb)
-            snap = gate_closed = None
+            snap = gate_closed = draft_prefill = None
             if self.metrics is not None and now - self._last_snapshot >= self._snapshot_every_s:
                 self._last_snapshot = now
                 if hasattr(self.policy, "snapshot"):
                     snap = self.policy.snapshot()
                 gate = getattr(self.policy, "acceptance_gate_closed", None)
                 gate_closed = gate() if gate is not None else None
+                charge = getattr(self.policy, "draft_prefill_per_token", None)
+                draft_prefill = charge() if charge is not None else None
         if self.metrics is not None:
             self.metrics.observe_step(stats.gamma, stats.batch_size, stats.num_draft_tokens, stats.num_accepted_tokens)
             if stats.catchup_s > 0:
@@ -178,6 +180,8 @@ class EngineControl:
                 self.metrics.set_planner_snapshot(snap)
             if gate_closed is not None:
                 self.metrics.set_acceptance_gate(gate_closed)
+            if draft_prefill is not None:
+                self.metrics.set_draft_prefill(draft_prefill)
         if self._sink is not None:
             self._sink(stats)
         for fn in list(_listeners):

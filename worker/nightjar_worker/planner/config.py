@@ -105,6 +105,12 @@ class PlannerConfig(BaseModel):
     prefill_correction: bool = Field(
         True, description="subtract the learnt cost of prefill tokens merged into a step from its loss"
     )
+    amortise_draft_prefill: bool = Field(
+        True,
+        description="charge the running draft's prefill to gamma > 0 as a smooth per-token cost (its "
+        "learnt seconds per prompt token x the workload's prompt tokens per generated token) instead "
+        "of leaving each prefill step's lump in whichever arm happened to play it",
+    )
     min_acceptance: float = Field(
         0.05, ge=0, lt=1,
         description="acceptance gate: no bucket explores gamma > 0 while the draft's acceptance (pooled "

@@ -33,6 +33,15 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
     (``StepFeedback.prefill_tokens``) costs the same whatever gamma is; its learnt per-token cost
     (from draft-off steps) is subtracted, otherwise arms that emit more tokens look better merely by
     amortising someone else's prefill. The running draft's own prefill stays in the gamma > 0 loss;
+  * ``amortise_draft_prefill``: how the draft's prefill is charged. A prompt is prefilled in one
+    step, so with the draft on that step carries the draft's prefill of every prompt admitted (on the
+    Qwen CPU pair a 260-token wave is a 7 s step, 2 s more with the draft on), and the lump would land
+    in whichever arm that step's bin played. Instead each step's own state's prefill slope (draft
+    off / on) is taken out, and every gamma > 0 arm is charged the draft's learnt extra seconds per
+    prompt token times the workload's prompt tokens per generated token (pooled over all steps):
+    the long-run price of keeping the draft on, which a decode-only estimate misses (on the Qwen CPU
+    trace it is most of what static speculation lost to no-SD). ``snapshot`` exports the decode-only
+    losses: priors are per pair and device, the prompt/output ratio is each worker's own workload;
   * acceptance gate (``min_acceptance``): acceptance is a property of the draft and the content, not
     of the batch size, so it is pooled over all buckets; once its upper confidence bound is below
     ``min_acceptance`` no bucket plays gamma > 0, exploring or exploiting (a draft that is almost
@@ -60,6 +69,8 @@ _MIN_ELIMINATE = 4.0  # an arm is never ruled out on fewer (effective) observati
 _LAG_DECAY = 1.0 - 1.0 / 256
 _MAX_DWELL = 1024  # cap on the amortisation horizon of a flip (steps)
 _MIN_REGRESSION = 20  # prefill-slope samples before a draft-on/off specific slope is trusted
+_MIN_PREFILL_STEPS = 3  # steps with prompt tokens, per draft state, before the draft's prefill cost is learnt
+_RHO_DECAY = 1.0 - 1.0 / 2048  # prompt/generated token sums (the workload's mix: slow to change)
 
 
 @dataclass
@@ -110,6 +121,8 @@ class NightjarPolicy:
         self._sxx = [0.0, 0.0]
         self._betas = [0.0, 0.0]
         self._nreg = [0, 0]  # regression samples per state
+        self._npre = [0, 0]  # of which carried prompt tokens
+        self._rho = [0.0, 0.0]  # decaying sums of prompt tokens and generated tokens, all steps
         self._bmean = [float(e) for e in self._edges]  # moving mean batch size per bucket
         self._pn = [[0.0] * na for _ in range(nb)]  # priors (same scaling)
         self._ps = [[0.0] * na for _ in range(nb)]
@@ -153,6 +166,7 @@ class NightjarPolicy:
         self._norm = c.normalise_batch and not paper
         self._grow = c.growing_window and not paper
         self._prefill = c.prefill_correction and not paper
+        self._amortise = self._prefill and c.amortise_draft_prefill
         self._gate = c.min_acceptance if not paper else 0.0
         self._acc_decay = 0.5 ** (1.0 / c.acceptance_halflife_steps)
 
@@ -270,6 +284,8 @@ class NightjarPolicy:
             sw[3] = f * sw[3] + x * x
             sw[4] = f * sw[4] + x * y
         self._drafted = self._drafted * self._acc_decay + fb.num_draft_tokens
+        self._rho[0] = self._rho[0] * _RHO_DECAY + fb.prefill_tokens
+        self._rho[1] = self._rho[1] * _RHO_DECAY + fb.tokens_emitted
         self._accepted = self._accepted * self._acc_decay + fb.num_accepted_tokens
         if fb.gamma == 0 and fb.draft_lag_tokens is not None:
             # the engine's count (running requests only), plus what this step adds
@@ -300,13 +316,14 @@ class NightjarPolicy:
                 x, y = p - mp, t - self._mt[c][i]
                 k = 1 if fb.gamma > 0 else 0
                 self._nreg[k] += 1
+                self._npre[k] += p > 0
                 self._sxy[k] = 0.9995 * self._sxy[k] + x * y
                 self._sxx[k] = 0.9995 * self._sxx[k] + x * x
                 if self._sxx[k] > 0:
                     self._betas[k] = max(0.0, self._sxy[k] / self._sxx[k])
                 self._mp[c][i] = mp + 0.05 * x
                 self._mt[c][i] += 0.05 * y
-            loss = max(t - self._prefill_slope() * p, 0.05 * t) * scale
+            loss = max(t - self._prefill_slope(fb.gamma > 0) * p, 0.05 * t) * scale
         else:
             loss = t * scale
         self._raw[c][i] += 1
@@ -364,6 +381,9 @@ class NightjarPolicy:
                 if 0 <= d < len(self._edges):
                     self._borrow(c, d, tn, ts)
         means: list[float | None] = [ts[i] / tn[i] if tn[i] > 1e-12 else None for i in range(na)]
+        extra = self._draft_prefill_charge(c)
+        if extra > 0:
+            means = [m + extra if m is not None and self._arms[i] > 0 else m for i, m in enumerate(means)]
         inv = 1.0 / self._w[c]
         return means, [x * inv for x in tn]
 
@@ -375,24 +395,52 @@ class NightjarPolicy:
             return None
         loss0 = self._corrected(c)[i] / self._n[c][i]  # per token, prefill removed, batch-normalised
         plain = loss0 * (self._edges[c] if self._norm else max(1, fb.batch_size))
-        plain += self._prefill_slope() * fb.prefill_tokens if self._prefill else 0.0
+        plain += self._prefill_slope(False) * fb.prefill_tokens if self._prefill else 0.0
         return max(0.0, fb.step_time_s - plain)
 
-    def _prefill_slope(self) -> float:
-        """The target's learnt prefill seconds per prompt token, from steps with the draft off (a
-        running draft prefills too: that extra is a real cost of keeping it on, so it is left in the
-        gamma > 0 arms' loss, as the catch-up is charged to resuming it)."""
+    def _prefill_slope(self, draft_on: bool) -> float:
+        """Learnt prefill seconds per prompt token of a step with the draft off (the target's) or on
+        (target and draft, once ``_draft_prefill_slope`` is known; until then the target's, which
+        leaves the running draft's prefill in the gamma > 0 arms' loss: a cost of keeping it on)."""
+        if draft_on:
+            extra = self._draft_prefill_slope()
+            if extra is not None:
+                return self._prefill_slope(False) + extra
         if self._nreg[0] >= _MIN_REGRESSION:
             return self._betas[0]
         sxx = self._sxx[0] + self._sxx[1]  # too few draft-off samples yet: pooled slope
         return max(0.0, (self._sxy[0] + self._sxy[1]) / sxx) if sxx > 0 else 0.0
 
+    def _draft_prefill_slope(self) -> float | None:
+        """The running draft's extra prefill seconds per prompt token (draft-on minus draft-off
+        slope); None unless amortising and both slopes rest on enough steps that carried prompts."""
+        if not self._amortise or min(self._nreg) < _MIN_REGRESSION or min(self._npre) < _MIN_PREFILL_STEPS:
+            return None
+        return max(0.0, self._betas[1] - self._betas[0])
+
+    def draft_prefill_per_token(self) -> float:
+        """Seconds per generated token charged to gamma > 0 for the running draft's prefill: its
+        learnt seconds per prompt token x the workload's prompt tokens per generated token (0 until
+        learnt)."""
+        extra = self._draft_prefill_slope()
+        if not extra or self._rho[1] <= 0:
+            return 0.0
+        return extra * self._rho[0] / self._rho[1]
+
+    def _draft_prefill_charge(self, c: int) -> float:
+        """``draft_prefill_per_token`` in bucket c's (batch-normalised) loss units."""
+        per_token = self.draft_prefill_per_token()
+        return per_token * self._bmean[c] / self._edges[c] if self._norm and per_token else per_token
+
     def _corrected(self, c: int) -> list[float]:
-        """Loss sums of bucket c with the target's learnt prefill cost taken out."""
-        beta = self._prefill_slope() if self._prefill else 0.0
-        if beta <= 0:
+        """Loss sums of bucket c with the learnt prefill cost of each arm's state taken out."""
+        if not self._prefill:
             return self._s[c]
-        return [max(a - beta * b, 0.05 * a) for a, b in zip(self._s[c], self._sp[c], strict=True)]
+        b_off, b_on = self._prefill_slope(False), self._prefill_slope(True)
+        if b_off <= 0 and b_on <= 0:
+            return self._s[c]
+        return [max(a - (b_on if g > 0 else b_off) * b, 0.05 * a)
+                for g, a, b in zip(self._arms, self._s[c], self._sp[c], strict=True)]
 
     def _borrow(self, c: int, d: int, tn: list[float], ts: list[float]) -> None:
         """Add neighbour d's evidence to bucket c, rescaled via a reference arm both have tried."""

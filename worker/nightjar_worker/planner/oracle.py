@@ -4,7 +4,9 @@ For every batch size it precomputes the expected loss of each gamma from the Cos
 (step time over expected tokens, with the workload's category mix of acceptance rates) and
 plays the best. Switching: resuming speculation costs C_switch (the profile's draft catch-up for the
 tokens generated while off); the oracle turns speculation back on only when the expected gain
-over ``switch_amortise_steps`` steps pays for it.
+over ``switch_amortise_steps`` steps pays for it. Speculating also makes the draft prefill every
+prompt: when the profile measured that and the workload's prompt/output ratio, each gamma > 0 pays
+it per generated token.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ class OraclePolicy:
         }
         self._loss: list[dict[int, float]] = [{}]
         self._best: list[int] = [0]
+        draft_prefill = profile.draft_prefill_per_output_token()
         for b in range(1, max(config.max_batch, profile.max_batch) + 1):
-            losses = {g: profile.step_time(b, g) / (b * self._etok[g]) for g in self._arms}
+            losses = {g: profile.step_time(b, g) / (b * self._etok[g]) + (draft_prefill if g > 0 else 0.0)
+                      for g in self._arms}
             self._loss.append(losses)
             self._best.append(min(self._arms, key=losses.__getitem__))
         self._last = 0

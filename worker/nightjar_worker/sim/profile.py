@@ -60,6 +60,12 @@ class CostProfile(BaseModel):
     acceptance: dict[str, float]
     switch_cost_fixed_s: float = 0.0
     switch_cost_per_token_s: float = 0.0
+    draft_prefill_s_per_token: float = Field(
+        0.0, description="step time the running draft adds per prompt token prefilled in the step (0: not measured)"
+    )
+    prompt_tokens_per_output_token: float = Field(
+        0.0, description="the profiled workload's prompt tokens per generated token (0: not measured)"
+    )
 
     _cols: list[list[float]] = PrivateAttr(default_factory=list)
 
@@ -98,7 +104,8 @@ class CostProfile(BaseModel):
             raise ValueError(f"draft_weight_bytes: must be >= 0 (got {v})")
         return v
 
-    @field_validator("switch_cost_fixed_s", "switch_cost_per_token_s")
+    @field_validator("switch_cost_fixed_s", "switch_cost_per_token_s", "draft_prefill_s_per_token",
+                     "prompt_tokens_per_output_token")
     @classmethod
     def _nonnegf(cls, v: float, info) -> float:
         if v < 0:
@@ -144,6 +151,11 @@ class CostProfile(BaseModel):
     def switch_cost(self, catch_up_tokens: float) -> float:
         """C_switch: time to rebuild the draft's KV cache for ``catch_up_tokens`` tokens."""
         return self.switch_cost_fixed_s + self.switch_cost_per_token_s * max(0.0, catch_up_tokens)
+
+    def draft_prefill_per_output_token(self) -> float:
+        """The draft's prefill of the workload's prompts per generated token: what keeping the draft
+        on costs beyond the decode steps (0 unless both factors were measured)."""
+        return self.draft_prefill_s_per_token * self.prompt_tokens_per_output_token
 
     def draft_blocks(self) -> int:
         """KV blocks the draft's weights occupy while resident (freed when it is offloaded)."""
