@@ -54,6 +54,7 @@ from benchmarks.serving import (
     sample_metrics,
     set_cpu_env,
     switch_policy,
+    warm_priors,
 )
 
 set_cpu_env()
@@ -229,14 +230,10 @@ class Bench:
         if self.profile_path is None or self.args.cold:
             self.meta["nightjar_start"] = "cold (no priors)"
             return
-        from nightjar_worker.planner import PlannerConfig
-        from nightjar_worker.planner.profile_priors import priors_from_profile
-        from nightjar_worker.sim.profile import CostProfile
-
-        pri = priors_from_profile(CostProfile.load(self.profile_path), PlannerConfig())
-        self.priors = pri.model_dump()
-        self.meta["nightjar_start"] = (f"warm: priors from the profile ({len(pri.entries)} entries, "
-                                       f"{pri.entries[0].count:g} observations each)" if pri.entries else "cold (empty priors)")
+        self.priors = warm_priors(self.profile_path)
+        entries = self.priors["entries"]
+        self.meta["nightjar_start"] = (f"warm: priors from the profile ({len(entries)} entries, "
+                                       f"{entries[0]['count']:g} observations each)" if entries else "cold (empty priors)")
         print(f"nightjar starts {self.meta['nightjar_start']}", flush=True)
 
     def tune_table(self, log: Path) -> None:

@@ -20,7 +20,12 @@ every policy is compared in its steady state, as in a long-running server; an ad
 start is what bench-warmstart and bench-dynamic measure. The Qwen pair serves in float32 on CPU
 (``DTYPE`` overrides; docs/engine.md).
 
-Writes ``benchmarks/results/serve/{results.json,table.md,serve.png}``. Last line:
+Nightjar starts cold unless ``--warm-profile PATH`` (switch mode) gives it the priors derived from a
+CostProfile, e.g. the pair's committed ``benchmarks/profiles/cpu-*.json``: what a deployment that
+profiled its pair starts from (bench-dynamic's warm start).
+
+Writes ``benchmarks/results/serve/{results.json,table.md,serve.png}`` (switch mode also ``steps.jsonl``,
+every step of the shared server, with each policy's window in ``results.json``'s ``windows_unix``). Last line:
 ``RESULT adaptive_vs_best_static_min=... adaptive_vs_nosd_c1=... adaptive_vs_nosd_sat=... lossless=...``
 ``QUICK=1``: c in {1, 16} only (16 stands in for saturation on 2 shared cores), 32 output tokens, one wave
 of requests per level, and ``--mode switch``: instead
@@ -57,6 +62,7 @@ from benchmarks.serving import (
     pair_dtype,
     set_cpu_env,
     switch_policy,
+    warm_priors,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results" / "serve"
@@ -218,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="how many times each level's load the warm-up sends (a longer-running server)")
     ap.add_argument("--mode", choices=("restart", "switch"), default="switch" if quick else "restart",
                     help="restart: a native vLLM server per baseline; switch: one Nightjar server, policy switched")
+    ap.add_argument("--warm-profile", type=Path, default=None,
+                    help="switch mode: start Nightjar from the priors of this CostProfile (e.g. the pair's "
+                         "committed profile, as a deployment that profiled its pair would); default cold")
     args = ap.parse_args(argv)
+    if args.warm_profile is not None and args.mode != "switch":
+        ap.error("--warm-profile: needs --mode switch (priors go through the admin endpoint)")
     concurrencies = sorted(args.concurrency)
     if args.out is None:
         args.out = RESULTS if args.pair == "bundled" else RESULTS.with_name(f"serve-{args.pair}")
@@ -249,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     meta["warmup"] = args.warmup
     meta["warmup_waves"] = args.warmup_waves if args.warmup else 0
     meta["nosd_switched"] = args.mode == "switch" and args.nosd_switched
+    priors = warm_priors(args.warm_profile) if args.warm_profile is not None else None
+    meta["nightjar_start"] = f"warm: priors from {args.warm_profile}" if priors is not None else "cold"
     t_all = time.perf_counter()
     shared: ServerProcess | None = None  # switch mode: the Nightjar-scheduler server
     try:
@@ -267,15 +280,21 @@ def main(argv: list[str] | None = None) -> int:
                 if shared is None:
                     t0 = time.perf_counter()
                     print("[switch] starting the Nightjar-scheduler server ...", flush=True)
-                    shared = ServerProcess([*model_args, "--scheduler", "nightjar"], env={"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN},
+                    steps = args.out / "steps.jsonl"  # every step, for the analysis of a run
+                    steps.unlink(missing_ok=True)
+                    shared = ServerProcess([*model_args, "--scheduler", "nightjar"],
+                                           env={"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN, "NIGHTJAR_STEP_LOG": str(steps)},
                                            log_path=args.out / "server-switch.log").start()
                     meta["server_start_s"]["switch"] = round(time.perf_counter() - t0, 1)
-                switch_policy(shared.url, pol, table)
+                    meta["windows_unix"] = {}
+                switch_policy(shared.url, pol, table, priors if pol == "nightjar" else None)
+                t_pol = time.time()
                 print(f"[{pol}] (runtime switch)", flush=True)
                 prompts, lossless = prompt_sets(shared)
                 lp = lossless if want_text else None
                 res, tx = asyncio.run(run_policy(shared, concurrencies, prompts, max_tokens=args.max_tokens,
                                                  n_req=n_req, lossless_prompts=lp, warmup=meta["warmup_waves"]))
+                meta["windows_unix"][pol] = [t_pol, time.time()]  # the policy's steps in steps.jsonl
             else:
                 t0 = time.perf_counter()
                 print(f"[{pol}] starting server ...", flush=True)

@@ -78,6 +78,16 @@ def _policy_body(name: str, table: list[list[int]] | None) -> dict:
     raise ValueError(f"policy: {name!r} cannot be switched at run time")
 
 
+def warm_priors(profile_path: str | os.PathLike[str]) -> dict:
+    """Nightjar's warm start as a ``PlannerPriors`` dump: the priors derived from a CostProfile (what a
+    fleet's priors or a profiled pair give a worker in production; docs/planner.md)."""
+    from nightjar_worker.planner import PlannerConfig
+    from nightjar_worker.planner.profile_priors import priors_from_profile
+    from nightjar_worker.sim.profile import CostProfile
+
+    return priors_from_profile(CostProfile.load(profile_path), PlannerConfig()).model_dump()
+
+
 def switch_policy(url: str, name: str, table: list[list[int]] | None = None, priors: dict | None = None) -> None:
     """POST the policy to the admin endpoint; returns once the engine reports it applied."""
     import httpx

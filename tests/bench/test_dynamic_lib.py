@@ -219,22 +219,23 @@ def test_first_divergence_maps_chars_to_reference_tokens():
     assert dl.first_divergence(toks, "The cat sat. More") == 3
 
 
-def test_warm_start_body_switches_policy_and_seeds_its_priors():
-    # bench-dynamic switches to Nightjar with the priors derived from the sweep's profile: the body
+def test_warm_start_body_switches_policy_and_seeds_its_priors(tmp_path):
+    # bench-dynamic (and bench-serve --warm-profile) switch to Nightjar with the priors derived from a profile: the body
     # is a valid runtime config, and the policy the worker rebuilds from it starts from them.
-    from nightjar_worker.planner import PlannerConfig
-    from nightjar_worker.planner.profile_priors import priors_from_profile
+    from nightjar_worker.planner.config import PlannerPriors
     from nightjar_worker.runtime_config import PolicyHolder, parse_runtime_config
 
-    from benchmarks.serving import switch_body
+    from benchmarks.serving import switch_body, warm_priors
 
     prof = dl.profile_from_steps(sweep_steps(), [0, 1, 2, 3, 4], name="t", device="cpu", target="x", draft="y",
                                  kv_blocks_total=100, kv_block_bytes=1000)
-    pri = priors_from_profile(prof, PlannerConfig())
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    pri = PlannerPriors.model_validate(warm_priors(path))
     assert {e.bucket_lo for e in pri.entries} == {1, 2, 3, 4, 6, 8}  # the profile's batches reach 8
     holder = PolicyHolder()
     holder.update(parse_runtime_config({"planner": {"policy": "ucb"}}))
-    holder.update(parse_runtime_config(switch_body("nightjar", priors=pri.model_dump())))
+    holder.update(parse_runtime_config(switch_body("nightjar", priors=warm_priors(path))))
     snap = holder.policy.snapshot()
     assert holder.policy.name == "nightjar"
     assert {(e.bucket_lo, e.gamma) for e in snap.entries} == {(e.bucket_lo, e.gamma) for e in pri.entries}

@@ -284,9 +284,9 @@ class NightjarPolicy:
             sw[3] = f * sw[3] + x * x
             sw[4] = f * sw[4] + x * y
         self._drafted = self._drafted * self._acc_decay + fb.num_draft_tokens
+        self._accepted = self._accepted * self._acc_decay + fb.num_accepted_tokens
         self._rho[0] = self._rho[0] * _RHO_DECAY + fb.prefill_tokens
         self._rho[1] = self._rho[1] * _RHO_DECAY + fb.tokens_emitted
-        self._accepted = self._accepted * self._acc_decay + fb.num_accepted_tokens
         if fb.gamma == 0 and fb.draft_lag_tokens is not None:
             # the engine's count (running requests only), plus what this step adds
             self._off_tokens = fb.draft_lag_tokens + fb.tokens_emitted + fb.prefill_tokens
