@@ -11,8 +11,10 @@ from typing import Any
 
 from nightjar_worker.engine.step_stats import StepStats
 from nightjar_worker.loadgen import Phase, Prompt, RequestRecord, summarize
+from nightjar_worker.planner import PlannerConfig
 from nightjar_worker.planner.dsd import invert_acceptance
-from nightjar_worker.sim.profile import CostProfile, expected_tokens
+from nightjar_worker.planner.oracle import OraclePolicy
+from nightjar_worker.sim.profile import CostProfile
 from pydantic import BaseModel, ConfigDict, Field
 
 # --- rate traces -----------------------------------------------------------------------------------
@@ -315,12 +317,10 @@ def table_from_best(best: Mapping[int, int], max_batch: int = 1024) -> list[list
 
 
 def oracle_gammas(profile: CostProfile, batches: Iterable[int]) -> dict[int, int]:
-    """Per batch size the gamma with the least expected seconds per token under the profile (what the
-    planner's oracle plays, switching cost aside; gamma > 0 pays the draft's prefill per token)."""
-    a, pre = profile.alpha(), profile.draft_prefill_per_output_token()
-    return {b: min(profile.gammas,
-                   key=lambda g: profile.step_time(b, g) / (b * expected_tokens(g, a)) + (pre if g > 0 else 0.0))
-            for b in batches}
+    """Per batch size the gamma with the least expected seconds per token under the profile: what the
+    planner's oracle plays, switching cost aside (gamma > 0 pays the draft's prefill per token)."""
+    oracle = OraclePolicy(PlannerConfig(max_gamma=max(profile.gammas)), profile)
+    return {b: min(oracle.arms, key=lambda g: oracle.expected_loss(b, g)) for b in batches}
 
 
 # --- verdicts --------------------------------------------------------------------------------------

@@ -55,10 +55,12 @@ def serve_section(d: dict[str, Any], rel: str) -> list[str]:
     meta, res = d["meta"], d["results"]
     cs = [str(c) for c in meta["concurrencies"]]
     warm = meta.get("warmup_waves", 1 if meta.get("warmup") else 0)
+    start = meta.get("nightjar_start", "cold")  # runs before --warm-profile existed started cold
+    start = "" if start == "cold" else f"; Nightjar {start}"
     lines = [
         f"**Closed-loop serving** (`bench-serve`, {meta['pair']} pair, {meta.get('dtype', '?')}, "
         f"{'QUICK' if meta.get('quick') else 'full'}, {meta['max_tokens']} tokens per request, "
-        f"warm-up {warm}x each level's load; `{rel}`): output tok/s (TPOT p50 ms).",
+        f"warm-up {warm}x each level's load{start}; `{rel}`): output tok/s (TPOT p50 ms).",
         "",
     ]
     rows = [
