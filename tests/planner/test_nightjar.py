@@ -255,6 +255,48 @@ def test_the_draft_prefill_learnt_where_prompts_land_is_charged_at_every_batch(a
         assert on == pytest.approx(0.4, rel=0.05)
 
 
+@pytest.mark.parametrize("source", ["none", "prior", "catch-up", "own"])
+def test_the_draft_prefill_is_priced_before_both_states_have_seen_prompts(source):
+    # The bench-serve c=16 wave, warm-started: every prompt so far was prefilled with the draft on
+    # (at 30 ms/token), so the planner cannot yet tell the draft's share from the target's. Decoding
+    # alone, gamma 1 is 25 % cheaper at batch 8 (0.9 s for 12 tokens against 0.8 s for 8), but the
+    # draft's 10 ms per prompt token times ~5 prompt tokens per generated token makes it dearer. The price comes from the priors (per pair and device), else from the catch-up line (the
+    # same work: the draft prefilling what it has not seen), else it is unknown, until the worker has
+    # seen prompts in both states (then its own, 12 ms here).
+    pol = NightjarPolicy(PlannerConfig())
+    if source == "prior":
+        pol.set_priors(PlannerPriors(bucket_edges=pol.config.bucket_edges, draft_prefill_s_per_token=0.01))
+    for lag in (100, 300, 200, 400):
+        for _ in range(3):
+            pol.observe(StepFeedback(batch_size=8, gamma=0, step_time_s=0.8, tokens_emitted=8))
+        # resume: C_switch = 0.2 s + 10 ms per missed token ("catch-up"), or a constant the line
+        # cannot fit (the others)
+        pol.observe(StepFeedback(batch_size=8, gamma=1, step_time_s=0.9, tokens_emitted=8, catchup_tokens=lag,
+                                 switch_cost_s=0.2 + 0.01 * lag if source == "catch-up" else 1.0))
+        for k in range(10):
+            p = 800 if k == 4 else 0
+            pol.observe(StepFeedback(batch_size=8, gamma=1, step_time_s=0.9 + 0.03 * p, tokens_emitted=12,
+                                     num_draft_tokens=8, num_accepted_tokens=4, prefill_tokens=p))
+    if source == "own":
+        for k in range(10):
+            p = 800 if k % 3 == 0 else 0
+            pol.observe(StepFeedback(batch_size=8, gamma=0, step_time_s=0.8 + 0.018 * p, tokens_emitted=8,
+                                     prefill_tokens=p))
+    rho = pol._rho[0] / pol._rho[1]
+    want = {"none": 0.0, "prior": 0.01, "catch-up": 0.01, "own": 0.012}[source]
+    assert pol.draft_prefill_per_token() == pytest.approx(want * rho, rel=0.02)
+    means, _ = pol._estimates(pol._lut[8])
+    off, on = means[pol.arms.index(0)], means[pol.arms.index(1)]
+    assert off == pytest.approx(0.1, rel=0.02)  # per token (batch 8 is a bucket's lower edge)
+    if source == "none":  # each prompt step's target share taken out, the draft's unpriced
+        assert on < off
+    else:
+        assert on == pytest.approx(0.075 + want * rho, rel=0.05)
+        assert on > off
+    snap = pol.snapshot().draft_prefill_s_per_token  # what the worker would hand a fleet
+    assert snap == (None if source in ("none", "catch-up") else pytest.approx(want, rel=0.02))
+
+
 def test_engine_reported_draft_lag_drives_the_switch_cost_prediction():
     # C_switch = 0.1 s + 7.5 ms per missed token, learnt from four resumes. Then 600 plain steps at
     # concurrency 1 as in bench-serve (300-token prompts, 32-token replies): the draft never lacks

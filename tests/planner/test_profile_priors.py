@@ -31,6 +31,12 @@ def test_entries_are_the_profile_loss_at_each_lower_edge_within_its_range(prof):
         assert e.mean_loss_s == pytest.approx(prof.expected_loss(e.bucket_lo, e.gamma))
         assert e.count == cfg.prior_max_count
     assert all(e.count == 5 for e in priors_from_profile(prof, cfg, count=5).entries)
+    # the draft's prefill per prompt token travels too: measured when the profile has it, else the
+    # catch-up's per-token rate (this profile predates the measurement)
+    assert prof.draft_prefill_s_per_token == 0.0
+    assert pri.draft_prefill_s_per_token == pytest.approx(prof.switch_cost_per_token_s)
+    measured = prof.model_copy(update={"draft_prefill_s_per_token": 0.0063})
+    assert priors_from_profile(measured, cfg).draft_prefill_s_per_token == pytest.approx(0.0063)
 
 
 def test_a_planner_warm_started_from_the_profile_learns_with_less_regret(prof):

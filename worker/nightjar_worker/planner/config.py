@@ -260,11 +260,23 @@ class PlannerPriors(BaseModel):
 
     bucket_edges: list[int]
     entries: list[PriorEntry] = Field(default_factory=list)
+    draft_prefill_s_per_token: float | None = Field(
+        None,
+        description="seconds the running draft adds per prompt token prefilled in a step (a property of "
+        "the pair and device, like the entries); the planner uses it until it has learnt its own",
+    )
 
     @field_validator("bucket_edges")
     @classmethod
     def _edges(cls, v: list[int]) -> list[int]:
         return _check_edges("bucket_edges", v)
+
+    @field_validator("draft_prefill_s_per_token")
+    @classmethod
+    def _dps(cls, v: float | None) -> float | None:
+        if v is not None and not v >= 0:
+            raise ValueError(f"draft_prefill_s_per_token: must be >= 0 (got {v})")
+        return v
 
     @model_validator(mode="after")
     def _entries(self) -> PlannerPriors:

@@ -40,8 +40,10 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
     off / on) is taken out, and every gamma > 0 arm is charged the draft's learnt extra seconds per
     prompt token times the workload's prompt tokens per generated token (pooled over all steps):
     the long-run price of keeping the draft on, which a decode-only estimate misses (on the Qwen CPU
-    trace it is most of what static speculation lost to no-SD). ``snapshot`` exports the decode-only
-    losses: priors are per pair and device, the prompt/output ratio is each worker's own workload;
+    trace it is most of what static speculation lost to no-SD). Until both states have seen prompts,
+    the priors' slope stands in, else the catch-up line's per-token rate. ``snapshot`` exports the
+    decode-only losses and the slope: priors are per pair and device, the prompt/output ratio is
+    each worker's own workload;
   * acceptance gate (``min_acceptance``): acceptance is a property of the draft and the content, not
     of the batch size, so it is pooled over all buckets; once its upper confidence bound is below
     ``min_acceptance`` no bucket plays gamma > 0, exploring or exploiting (a draft that is almost
@@ -123,6 +125,7 @@ class NightjarPolicy:
         self._nreg = [0, 0]  # regression samples per state
         self._npre = [0, 0]  # of which carried prompt tokens
         self._rho = [0.0, 0.0]  # decaying sums of prompt tokens and generated tokens, all steps
+        self._prior_dps: float | None = None  # the priors' draft prefill seconds per prompt token
         self._bmean = [float(e) for e in self._edges]  # moving mean batch size per bucket
         self._pn = [[0.0] * na for _ in range(nb)]  # priors (same scaling)
         self._ps = [[0.0] * na for _ in range(nb)]
@@ -205,6 +208,7 @@ class NightjarPolicy:
         self._pn = [[0.0] * na for _ in range(nb)]
         self._ps = [[0.0] * na for _ in range(nb)]
         self._has_prior = [False] * nb
+        self._prior_dps = priors.draft_prefill_s_per_token
         for (c, i), (n, s) in merged.items():
             k = min(n, cap) * self._w[c]
             self._pn[c][i] = k
@@ -399,24 +403,44 @@ class NightjarPolicy:
         return max(0.0, fb.step_time_s - plain)
 
     def _prefill_slope(self, draft_on: bool) -> float:
-        """Learnt prefill seconds per prompt token of a step with the draft off (the target's) or on
+        """Prefill seconds per prompt token of a step with the draft off (the target's) or on
         (target and draft, once ``_draft_prefill_slope`` is known; until then the target's, which
         leaves the running draft's prefill in the gamma > 0 arms' loss: a cost of keeping it on)."""
-        if draft_on:
-            extra = self._draft_prefill_slope()
-            if extra is not None:
-                return self._prefill_slope(False) + extra
-        if self._nreg[0] >= _MIN_REGRESSION:
+        extra = self._draft_prefill_slope()
+        off = self._target_prefill_slope(extra)
+        return off + extra if draft_on and extra is not None else off
+
+    def _target_prefill_slope(self, extra: float | None) -> float:
+        """The target's prefill seconds per prompt token: learnt with the draft off; else, with the
+        draft's share known, learnt with it on less that share; else pooled over both states."""
+        if self._nreg[0] >= _MIN_REGRESSION and (extra is None or self._npre[0] >= _MIN_PREFILL_STEPS):
             return self._betas[0]
-        sxx = self._sxx[0] + self._sxx[1]  # too few draft-off samples yet: pooled slope
+        if extra is not None and self._nreg[1] >= _MIN_REGRESSION and self._npre[1] >= _MIN_PREFILL_STEPS:
+            return max(0.0, self._betas[1] - extra)
+        sxx = self._sxx[0] + self._sxx[1]
         return max(0.0, (self._sxy[0] + self._sxy[1]) / sxx) if sxx > 0 else 0.0
 
-    def _draft_prefill_slope(self) -> float | None:
-        """The running draft's extra prefill seconds per prompt token (draft-on minus draft-off
-        slope); None unless amortising and both slopes rest on enough steps that carried prompts."""
-        if not self._amortise or min(self._nreg) < _MIN_REGRESSION or min(self._npre) < _MIN_PREFILL_STEPS:
+    def _learnt_draft_prefill(self) -> float | None:
+        """This worker's own draft-on minus draft-off prefill slope; None until both rest on enough
+        steps that carried prompts."""
+        if min(self._nreg) < _MIN_REGRESSION or min(self._npre) < _MIN_PREFILL_STEPS:
             return None
         return max(0.0, self._betas[1] - self._betas[0])
+
+    def _draft_prefill_slope(self) -> float | None:
+        """The running draft's extra prefill seconds per prompt token (None unless amortising): the
+        worker's own once learnt; until then the priors' (per pair and device), else the catch-up
+        line's per-token rate (the same work, and learnt from the first resumes: a warm or cold
+        worker whose first prompts all land in one draft state is not left without a price)."""
+        if not self._amortise:
+            return None
+        own = self._learnt_draft_prefill()
+        if own is not None:
+            return own
+        if self._prior_dps is not None:
+            return self._prior_dps
+        line = self._catchup_line()
+        return line[1] if line is not None else None
 
     def draft_prefill_per_token(self) -> float:
         """Seconds per generated token charged to gamma > 0 for the running draft's prefill: its
@@ -502,17 +526,28 @@ class NightjarPolicy:
         if self._paper:
             return self._switch_ema or 0.0
         fill = self._fill_cost[c] or 0.0
-        n, sx, sy, sxx, sxy = self._sw
+        n, sx, sy = self._sw[:3]
         if n <= 0:
             return fill
+        line = self._catchup_line()
+        if line is not None:
+            return line[0] + line[1] * missed_tokens + fill
+        # too few switches for a line: the more optimistic of "always the mean" and "proportional"
+        mx, my = sx / n, sy / n
+        return (min(my, my / mx * missed_tokens) if mx > 0 else my) + fill
+
+    def _catchup_line(self) -> tuple[float, float] | None:
+        """The catch-up's (fixed seconds, seconds per missed token); None before 3 resumes that
+        missed different amounts."""
+        n, sx, sy, sxx, sxy = self._sw
+        if n < 3:
+            return None
         mx, my = sx / n, sy / n
         var = sxx / n - mx * mx
-        if n >= 3 and var > 1e-9 * max(mx * mx, 1.0):
-            b = max((sxy / n - mx * my) / var, 0.0)
-            a = max(my - b * mx, 0.0)
-            return a + b * missed_tokens + fill
-        # too few switches for a line: the more optimistic of "always the mean" and "proportional"
-        return (min(my, my / mx * missed_tokens) if mx > 0 else my) + fill
+        if var <= 1e-9 * max(mx * mx, 1.0):
+            return None
+        b = max((sxy / n - mx * my) / var, 0.0)
+        return max(my - b * mx, 0.0), b
 
     @staticmethod
     def _lag_after(steps: int, per_step: float) -> float:
@@ -781,4 +816,6 @@ class NightjarPolicy:
                 m = (self._corrected(c)[i] + self._ps[c][i]) / n
                 if m > 0:
                     entries.append(PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=m, count=n * inv))
-        return PlannerPriors(bucket_edges=list(self._edges), entries=entries)
+        own = self._learnt_draft_prefill()
+        return PlannerPriors(bucket_edges=list(self._edges), entries=entries,
+                             draft_prefill_s_per_token=self._prior_dps if own is None else own)

@@ -22,6 +22,8 @@ def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: floa
     of ``NightjarPolicy.snapshot``, batch-normalised to the lower edge. Each entry is worth ``count``
     observations (default ``config.prior_max_count``, the most a prior may count for).
 
+    The draft's prefill cost per prompt token travels with them (``draft_prefill_s_per_token``).
+
     Buckets whose lower edge lies beyond the profiled batch sizes, and arms beyond its gammas, get no
     entry: the profile extrapolates there, and a guess would only delay the planner's own evidence."""
     n = config.prior_max_count if count is None else count
@@ -31,4 +33,5 @@ def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: floa
         for lo in config.edges() if lo <= top_b
         for g in config.resolved_arms() if g <= top_g
     ]
-    return PlannerPriors(bucket_edges=list(config.edges()), entries=entries)
+    dps = profile.draft_prefill_rate() or None
+    return PlannerPriors(bucket_edges=list(config.edges()), entries=entries, draft_prefill_s_per_token=dps)

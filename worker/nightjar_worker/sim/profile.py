@@ -152,6 +152,11 @@ class CostProfile(BaseModel):
         """C_switch: time to rebuild the draft's KV cache for ``catch_up_tokens`` tokens."""
         return self.switch_cost_fixed_s + self.switch_cost_per_token_s * max(0.0, catch_up_tokens)
 
+    def draft_prefill_rate(self) -> float:
+        """Seconds the running draft adds per prompt token: measured, else a catch-up's per-token rate
+        (the same work: the draft prefilling tokens it has not seen)."""
+        return self.draft_prefill_s_per_token or self.switch_cost_per_token_s
+
     def draft_prefill_per_output_token(self) -> float:
         """The draft's prefill of the workload's prompts per generated token: what keeping the draft
         on costs beyond the decode steps (0 unless both factors were measured)."""

@@ -114,9 +114,8 @@ class Simulator:
             if len(self._prefill_cache) > 200_000:
                 self._prefill_cache.clear()
             self._prefill_cache[key] = t
-        if draft_on:  # measured when the profile has it; else a catch-up's rate (the same work)
-            prof = self.profile
-            t += (prof.draft_prefill_s_per_token or prof.switch_cost_per_token_s) * tokens
+        if draft_on:
+            t += self.profile.draft_prefill_rate() * tokens
         return t
 
     def run(self, policy: GammaPolicy, measure_from_s: float = 0.0) -> SimResult:
