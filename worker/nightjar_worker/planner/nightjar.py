@@ -452,8 +452,12 @@ class NightjarPolicy:
         return extra * self._rho[0] / self._rho[1]
 
     def _draft_prefill_charge(self, c: int) -> float:
-        """``draft_prefill_per_token`` in bucket c's (batch-normalised) loss units."""
-        per_token = self.draft_prefill_per_token()
+        """``draft_prefill_per_token`` in bucket c's loss units."""
+        return self._in_bucket_units(c, self.draft_prefill_per_token())
+
+    def _in_bucket_units(self, c: int, per_token: float) -> float:
+        """Seconds per generated token at bucket c's typical batch, in its learnt loss units
+        (batch-normalised to the lower edge when ``normalise_batch``)."""
         return per_token * self._bmean[c] / self._edges[c] if self._norm and per_token else per_token
 
     def _corrected(self, c: int) -> list[float]:
@@ -589,7 +593,7 @@ class NightjarPolicy:
         if not cost:
             return 0.0
         pen = cost / (h * per_step)
-        return pen * self._bmean[c] / self._edges[c] if self._norm else pen
+        return self._in_bucket_units(c, pen)
 
     def _guard_flip(self, c: int, a: int) -> int:
         """The held arm would turn speculation on/off (e.g. the batch crossed into a bucket whose bin
