@@ -248,6 +248,16 @@ def overview() -> dict[str, Any]:
         "per-token gain of speculating, the planner keeps gamma at 0.",
         [target(f"max by (nightjar_deployment, instance) (nightjar_planner_draft_prefill_seconds{{{S}}})",
                 "{{instance}}")], unit="s"), w=12, h=6)
+    L.add(timeseries(
+        "Draft prefill per prompt token",
+        "The running draft's extra seconds per prompt token prefilled, as each worker's planner prices it: its "
+        "own estimate (draft-on minus draft-off prefill slope), else its priors' (a profiled pair, or the fleet's "
+        "median, which the operator hands new workers); 0 while unknown "
+        "(nightjar_planner_draft_prefill_per_prompt_token_seconds). A property of the pair and device: workers "
+        "of one deployment should agree.",
+        [target(f"max by (nightjar_deployment, instance) "
+                f"(nightjar_planner_draft_prefill_per_prompt_token_seconds{{{S}}})", "{{instance}}")],
+        unit="s"), w=12, h=6)
 
     # ---- Acceptance -----------------------------------------------------------------------------
     L.row("Draft acceptance per arm")

@@ -10,9 +10,10 @@ from nightjar_operator.fleet.promtext import parse
 
 
 def pod_doc(loss_b1_g2=0.01, count_b1_g2=10, drafted=100, accepted=60, ttft=(5, 9, 10), gen=1000, state="resident",
-            running=2, waiting=1):
+            running=2, waiting=1, draft_prefill=0.006):
     b1, b2, inf = ttft
     return f"""
+nightjar_planner_draft_prefill_per_prompt_token_seconds {draft_prefill}
 nightjar_planner_loss_seconds{{bucket="1",gamma="2"}} {loss_b1_g2}
 nightjar_planner_count{{bucket="1",gamma="2"}} {count_b1_g2}
 nightjar_planner_loss_seconds{{bucket="8",gamma="0"}} 0.02
@@ -53,6 +54,8 @@ def test_extract_reads_every_family():
     assert pm.tpot is not None and pm.tpot.observations == 100  # fallback name
     assert pm.generation_tokens == 1000 and pm.running == 2 and pm.waiting == 1
     assert pm.draft_state == "resident"
+    assert pm.draft_prefill_s == 0.006
+    assert extract(parse(pod_doc(draft_prefill=0)), ts=100.0).draft_prefill_s is None  # 0: not known yet
 
 
 def test_aggregate_weights_means_by_count_and_sums():
@@ -67,6 +70,11 @@ def test_aggregate_weights_means_by_count_and_sums():
     assert st.switch_cost_mean_s == pytest.approx(0.03)
     assert st.running == 4 and st.waiting == 2
     assert st.draft_states == {"resident": 1, "offloaded": 1}
+    # the draft prefill price: the median of the pods that know it (one odd pod does not move it)
+    odd = extract(parse(pod_doc(draft_prefill=0.5)), 0.0)
+    unknown = extract(parse(pod_doc(draft_prefill=0)), 0.0)
+    assert aggregate({"a": a, "b": b, "c": odd, "d": unknown}).draft_prefill_s == 0.006
+    assert aggregate({"d": unknown}).draft_prefill_s is None
     assert st.ttft is not None and st.ttft.observations == 20
     # 10 of 20 below 0.1 -> p50 = 0.1 exactly; p95: rank 19 in (0.1, 0.5]: 0.1 + 0.4 * 9/8... capped by bucket
     assert st.ttft_p50_s == pytest.approx(0.1)

@@ -355,7 +355,10 @@ def test_real_worker_metrics_reach_priors_and_slo(fleet: Fleet, tmp_path, monkey
     name = "real"
     fleet.apply(cr(name, replicas=1, slo={"ttftP95Ms": 60000, "tpotP95Ms": 5000, "attainment": 0.5}))
     cfg_file = tmp_path / "nightjar.yaml"
-    write_config_atomically(cfg_file, WorkerRuntimeConfig())
+    # the pair's draft prefill price (a profiled pair's priors carry one): the planner holds it until
+    # it learns its own, exports it, and the fleet hands it on with its priors
+    write_config_atomically(cfg_file, WorkerRuntimeConfig(
+        priors={"bucket_edges": list(PlannerConfig().edges()), "draft_prefill_s_per_token": 0.0042}))
     with KopfRunner(fleet.run_args, timeout=90) as runner:
         (ip,) = fleet.pod_ips(track_selector(name, c.TRACK_STABLE), 1).values()
         srv = PodServer(ip, ["--host", ip, "--config", str(cfg_file), "--kv-cache-gib", "1"], port=fleet.ep.port,
@@ -396,6 +399,7 @@ def test_real_worker_metrics_reach_priors_and_slo(fleet: Fleet, tmp_path, monkey
             doc = wait_for(lambda: (d := yaml.safe_load(fleet.get("ConfigMap", c.config_map_name(name))["data"][c.CONFIG_KEY]))
                            .get("priors") and d, 30, "priors from the real planner")  # fmt: skip
             assert doc["priors"]["entries"]
+            assert doc["priors"]["draft_prefill_s_per_token"] == pytest.approx(0.0042)
 
             def applied() -> bool:  # the worker's planner took the fleet's priors (config watcher)
                 st = read_status(srv.state_dir) or {}

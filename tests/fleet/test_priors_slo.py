@@ -40,6 +40,12 @@ def test_priors_equal_ignores_noise():
     b = merge_priors({(1, 1): (0.01005, 101.0)}, edges)
     c = merge_priors({(1, 1): (0.02, 100.0)}, edges)
     assert priors_equal(a, b) and not priors_equal(a, c) and not priors_equal(a, None)
+    # the fleet's draft prefill price rides along, and a material change of it is a change
+    d = merge_priors({(1, 1): (0.01, 100.0)}, edges, draft_prefill_s_per_token=0.006)
+    assert d.draft_prefill_s_per_token == 0.006
+    assert not priors_equal(a, d)
+    assert priors_equal(d, merge_priors({(1, 1): (0.01, 100.0)}, edges, draft_prefill_s_per_token=0.00605))
+    assert not priors_equal(d, merge_priors({(1, 1): (0.01, 100.0)}, edges, draft_prefill_s_per_token=0.008))
 
 
 def test_priors_config_names_field():

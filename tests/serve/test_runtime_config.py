@@ -197,10 +197,14 @@ def test_engine_control_records_metrics_and_applies_updates(tmp_path, monkeypatc
     assert REGISTRY.get_sample_value("nightjar_planner_draft_prefill_seconds") == 0  # no prompt seen: not learnt
     # an update is exported at once, without waiting for a step or the period
     fresh = {"bucket_lo": 16, "gamma": 2, "mean_loss_s": 0.0456, "count": 3}  # a bucket no step reached
-    write_config_atomically(path, WorkerRuntimeConfig(priors=PRIORS | {"entries": [*PRIORS["entries"], fresh]}))
+    write_config_atomically(path, WorkerRuntimeConfig(
+        priors=PRIORS | {"entries": [*PRIORS["entries"], fresh], "draft_prefill_s_per_token": 0.0063}))
     assert ctl.watcher.check()
     got = REGISTRY.get_sample_value("nightjar_planner_loss_seconds", {"bucket": "16", "gamma": "2"})
     assert got == pytest.approx(0.0456)
+    # the draft's prefill price the planner holds (the priors' until it learns its own), for the fleet
+    got = REGISTRY.get_sample_value("nightjar_planner_draft_prefill_per_prompt_token_seconds")
+    assert got == pytest.approx(0.0063)
     write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(policy="static", static_gamma=1)))
     assert ctl.watcher.check() and ctl.decide(4)[0] == 1
     ctl.close()

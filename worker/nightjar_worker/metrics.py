@@ -75,6 +75,12 @@ planner_draft_prefill_seconds = Gauge(
     "workload's prompts (learnt draft prefill cost per prompt token x prompt tokens per generated token; 0 until learnt)",
     multiprocess_mode=_MP,
 )
+planner_draft_prefill_prompt_seconds = Gauge(
+    "nightjar_planner_draft_prefill_per_prompt_token_seconds",
+    "Seconds the running draft adds per prompt token prefilled, as the planner prices it (its own estimate, "
+    "else its priors'; 0 while unknown): a property of the pair and device, merged into the fleet's priors",
+    multiprocess_mode=_MP,
+)
 batch_size = Histogram("nightjar_batch_size", "Requests in the decoding batch per step", buckets=BATCH_BUCKETS)
 planner_decision_seconds = Histogram(
     "nightjar_planner_decision_seconds", "Wall time of one policy decide() call", buckets=DECISION_BUCKETS
@@ -161,6 +167,9 @@ class WorkerMetrics:
             if loss is not None:
                 planner_loss_seconds.labels(bucket=str(b), gamma=str(g)).set(loss)
             planner_count.labels(bucket=str(b), gamma=str(g)).set(count)
+        dps = getattr(snapshot, "draft_prefill_s_per_token", None)
+        if dps is not None:
+            planner_draft_prefill_prompt_seconds.set(dps)
 
     def set_acceptance_gate(self, closed: bool) -> None:
         planner_acceptance_gate_closed.set(1 if closed else 0)

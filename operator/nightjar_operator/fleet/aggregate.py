@@ -4,13 +4,15 @@ Pure: the handler does the HTTP. Counters and histograms are windowed (``window(
 delta between two scrapes of the same pod, with counter resets handled like PromQL ``rate``), the
 planner's own estimates (``nightjar_planner_loss_seconds``/``_count`` gauges) and the other gauges
 are taken as they are now. Aggregation across pods is ``sum by (le)`` for histograms, sums for
-counters, and count-weighted means for the planner's per (bucket, gamma) losses.
+counters, count-weighted means for the planner's per (bucket, gamma) losses, and the median of the
+workers' draft prefill prices (one odd pod does not move it).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -21,6 +23,7 @@ from nightjar_operator.fleet.promtext import Histogram, Scrape
 # order because vLLM renamed its per-token latency histograms across releases.
 PLANNER_LOSS = "nightjar_planner_loss_seconds"
 PLANNER_COUNT = "nightjar_planner_count"
+DRAFT_PREFILL = "nightjar_planner_draft_prefill_per_prompt_token_seconds"
 DRAFT_TOKENS = "nightjar_draft_tokens_total"
 ACCEPTED_TOKENS = "nightjar_accepted_tokens_total"
 ACCEPTANCE_RATE = "nightjar_acceptance_rate"
@@ -64,6 +67,7 @@ class PodMetrics:
 
     ts: float  # wall time of the scrape (seconds)
     planner: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)  # (bucket_lo, gamma) -> (mean, count)
+    draft_prefill_s: float | None = None  # the planner's draft prefill seconds per prompt token (None: unknown)
     draft_tokens: dict[int, float] = field(default_factory=dict)
     accepted_tokens: dict[int, float] = field(default_factory=dict)
     acceptance_gauge: dict[int, float] = field(default_factory=dict)
@@ -122,9 +126,11 @@ def extract(scrape: Scrape, ts: float) -> PodMetrics:
     for s in scrape.series(DRAFT_STATE_INFO):
         if s.value >= 1:
             state = s.label("state")
+    dps = scrape.value(DRAFT_PREFILL)
     return PodMetrics(
         ts=ts,
         planner=planner,
+        draft_prefill_s=dps if dps is not None and 0 < dps < math.inf else None,  # 0: not known yet
         draft_tokens=_per_gamma(scrape, DRAFT_TOKENS),
         accepted_tokens=_per_gamma(scrape, ACCEPTED_TOKENS),
         acceptance_gauge=_per_gamma(scrape, ACCEPTANCE_RATE),
@@ -176,6 +182,7 @@ class FleetStats:
 
     pods: int = 0
     planner: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)  # (bucket_lo, gamma) -> (mean, count)
+    draft_prefill_s: float | None = None  # median over the pods that know it
     acceptance: dict[int, float] = field(default_factory=dict)  # gamma -> accepted / drafted
     steps: dict[int, float] = field(default_factory=dict)
     switch_cost_mean_s: float | None = None
@@ -234,6 +241,8 @@ def aggregate(pods: Mapping[str, PodMetrics]) -> FleetStats:
             rate_total += pm.generation_tokens / pm.window_s
             have_rate = True
     st.planner = {k: (loss_sum[k] / count_sum[k], count_sum[k]) for k in sorted(loss_sum)}
+    dps = [pm.draft_prefill_s for pm in pods.values() if pm.draft_prefill_s is not None]
+    st.draft_prefill_s = statistics.median(dps) if dps else None
     for g in sorted(set(drafted) | set(gauge_acc)):
         if drafted.get(g, 0) > 0:
             st.acceptance[g] = accepted.get(g, 0.0) / drafted[g]

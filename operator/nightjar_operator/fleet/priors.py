@@ -36,12 +36,14 @@ def merge_priors(
     bucket_edges: Iterable[int],
     arms: Iterable[int] | None = None,
     config: PriorsConfig | None = None,
+    draft_prefill_s_per_token: float | None = None,
 ) -> PlannerPriors:
     """Build ``PlannerPriors`` on ``bucket_edges`` from fleet (bucket_lo, gamma) -> (mean loss, count).
 
     Fleet buckets are re-mapped onto ``bucket_edges`` (the bucket holding each fleet lower edge),
     merged with count weights; gammas outside ``arms`` are dropped; entries with too little
-    evidence are skipped; every pseudo-count is ``min(max_pseudo_count, weight * count)``.
+    evidence are skipped; every pseudo-count is ``min(max_pseudo_count, weight * count)``. The
+    fleet's draft prefill price (seconds per prompt token) rides along as it is.
     """
     cfg = config or PriorsConfig()
     edges = sorted(bucket_edges)
@@ -65,7 +67,7 @@ def merge_priors(
         if pseudo <= 0:
             continue
         entries.append(PriorEntry(bucket_lo=key[0], gamma=key[1], mean_loss_s=loss[key] / n, count=round(pseudo, 3)))
-    return PlannerPriors(bucket_edges=edges, entries=entries)
+    return PlannerPriors(bucket_edges=edges, entries=entries, draft_prefill_s_per_token=draft_prefill_s_per_token)
 
 
 def priors_equal(a: PlannerPriors | None, b: PlannerPriors | None, rel_tol: float = 0.02) -> bool:
@@ -73,7 +75,7 @@ def priors_equal(a: PlannerPriors | None, b: PlannerPriors | None, rel_tol: floa
     ConfigMap, and so reloading every worker, on every timer tick for noise-level changes)."""
     if a is None or b is None:
         return a is b
-    if a.bucket_edges != b.bucket_edges:
+    if a.bucket_edges != b.bucket_edges or not _close(a.draft_prefill_s_per_token, b.draft_prefill_s_per_token, rel_tol):
         return False
     ea = {(e.bucket_lo, e.gamma): e for e in a.entries}
     eb = {(e.bucket_lo, e.gamma): e for e in b.entries}
@@ -81,8 +83,14 @@ def priors_equal(a: PlannerPriors | None, b: PlannerPriors | None, rel_tol: floa
         return False
     for k, x in ea.items():
         y = eb[k]
-        if abs(x.mean_loss_s - y.mean_loss_s) > rel_tol * max(x.mean_loss_s, y.mean_loss_s):
+        if not _close(x.mean_loss_s, y.mean_loss_s, rel_tol):
             return False
         if abs(x.count - y.count) > max(1.0, rel_tol * max(x.count, y.count)):
             return False
     return True
+
+
+def _close(x: float | None, y: float | None, rel_tol: float) -> bool:
+    if x is None or y is None:
+        return x is y
+    return abs(x - y) <= rel_tol * max(x, y)

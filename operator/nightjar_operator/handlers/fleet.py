@@ -9,7 +9,8 @@ One kopf timer per NightjarDeployment calls ``tick``. Each tick:
    ``nightjar_operator_scrape_failures_total``) and skipped; it never stalls the others;
 2. aggregates (``fleet.aggregate``): counters and histograms over a sliding window
    (``NIGHTJAR_FLEET_SLO_WINDOW_S``) from per-pod scrape history kept in the kopf memo;
-3. merges the planner estimates of each track into ``PlannerPriors`` and writes them into that
+3. merges the planner estimates of each track (and the median of its workers' draft prefill
+   price) into ``PlannerPriors`` and writes them into that
    track's ConfigMap key ``nightjar.yaml`` (the worker watches it; new pods mount it and start warm),
    only when they changed materially;
 4. evaluates the SLO and writes the ``SLOMet`` condition and ``status.fleet``;
@@ -275,7 +276,7 @@ def push_priors(api: Api, namespace: str, cm_name: str, stats: FleetStats, spec:
     if not stats.planner:
         return False, 0
     edges, arms = planner_edges_and_arms(spec)
-    new = merge_priors(stats.planner, edges, arms, settings.priors_config())
+    new = merge_priors(stats.planner, edges, arms, settings.priors_config(), stats.draft_prefill_s)
     if not new.entries:
         return False, 0
     cm = api.get("ConfigMap", namespace, cm_name)
