@@ -167,9 +167,8 @@ class WorkerMetrics:
             if loss is not None:
                 planner_loss_seconds.labels(bucket=str(b), gamma=str(g)).set(loss)
             planner_count.labels(bucket=str(b), gamma=str(g)).set(count)
-        dps = getattr(snapshot, "draft_prefill_s_per_token", None)
-        if dps is not None:
-            planner_draft_prefill_prompt_seconds.set(dps)
+        if hasattr(snapshot, "draft_prefill_s_per_token"):  # a PlannerPriors; None (unknown) exports 0
+            planner_draft_prefill_prompt_seconds.set(snapshot.draft_prefill_s_per_token or 0.0)
 
     def set_acceptance_gate(self, closed: bool) -> None:
         planner_acceptance_gate_closed.set(1 if closed else 0)
