@@ -260,9 +260,10 @@ def test_the_draft_prefill_is_priced_before_both_states_have_seen_prompts(source
     # The bench-serve c=16 wave, warm-started: every prompt so far was prefilled with the draft on
     # (at 30 ms/token), so the planner cannot yet tell the draft's share from the target's. Decoding
     # alone, gamma 1 is 25 % cheaper at batch 8 (0.9 s for 12 tokens against 0.8 s for 8), but the
-    # draft's 10 ms per prompt token times ~5 prompt tokens per generated token makes it dearer. The price comes from the priors (per pair and device), else from the catch-up line (the
-    # same work: the draft prefilling what it has not seen), else it is unknown, until the worker has
-    # seen prompts in both states (then its own, 12 ms here).
+    # draft's 10 ms per prompt token times ~5 prompt tokens per generated token makes it dearer. The
+    # price comes from the priors (per pair and device), else from the catch-up line (the same work:
+    # the draft prefilling what it has not seen), else it is unknown, until the worker has seen
+    # prompts in both states (then its own, 12 ms here).
     pol = NightjarPolicy(PlannerConfig())
     if source == "prior":
         pol.set_priors(PlannerPriors(bucket_edges=pol.config.bucket_edges, draft_prefill_s_per_token=0.01))
