@@ -403,12 +403,16 @@ class NightjarPolicy:
         return max(0.0, fb.step_time_s - plain)
 
     def _prefill_slope(self, draft_on: bool) -> float:
-        """Prefill seconds per prompt token of a step with the draft off (the target's) or on
+        """Prefill seconds per prompt token of a step with the draft on or off (see ``_prefill_slopes``)."""
+        return self._prefill_slopes()[1 if draft_on else 0]
+
+    def _prefill_slopes(self) -> tuple[float, float]:
+        """Prefill seconds per prompt token of a step with the draft off (the target's) and on
         (target and draft, once ``_draft_prefill_slope`` is known; until then the target's, which
         leaves the running draft's prefill in the gamma > 0 arms' loss: a cost of keeping it on)."""
         extra = self._draft_prefill_slope()
         off = self._target_prefill_slope(extra)
-        return off + extra if draft_on and extra is not None else off
+        return off, (off + extra if extra is not None else off)
 
     def _target_prefill_slope(self, extra: float | None) -> float:
         """The target's prefill seconds per prompt token: learnt with the draft off; else, with the
@@ -464,7 +468,7 @@ class NightjarPolicy:
         """Loss sums of bucket c with the learnt prefill cost of each arm's state taken out."""
         if not self._prefill:
             return self._s[c]
-        b_off, b_on = self._prefill_slope(False), self._prefill_slope(True)
+        b_off, b_on = self._prefill_slopes()
         if b_off <= 0 and b_on <= 0:
             return self._s[c]
         return [max(a - (b_on if g > 0 else b_off) * b, 0.05 * a)
