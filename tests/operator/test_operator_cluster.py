@@ -157,8 +157,13 @@ def assert_clean(output: str) -> None:
     assert not bad, "\n".join(bad[:5]) + "\n" + output[-4000:]
 
 
+_LOG_STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+\]")
+
+
 def assert_no_forbidden(output: str) -> None:
-    bad = [ln for ln in output.splitlines() if "403" in ln or "Forbidden" in ln or "forbidden" in ln]
+    # the log line's timestamp is cut first: its milliseconds can read ",403"
+    bad = [ln for ln in output.splitlines()
+           if re.search(r"\b403\b|forbidden", _LOG_STAMP.sub("", ln), re.IGNORECASE)]
     assert not bad, "\n".join(bad[:10])
 
 
