@@ -377,13 +377,14 @@ class NightjarPolicy:
         """Smoothed mean loss and effective count per arm (priors and neighbour evidence included)."""
         na = len(self._arms)
         n, pn, ps = self._n[c], self._pn[c], self._ps[c]
-        s = self._corrected(c)
+        slopes = self._prefill_slopes() if self._prefill else None
+        s = self._corrected(c, slopes)
         tn = [n[i] + pn[i] for i in range(na)]
         ts = [s[i] + ps[i] for i in range(na)]
         if self._share:
             for d in (c - 1, c + 1):
                 if 0 <= d < len(self._edges):
-                    self._borrow(c, d, tn, ts)
+                    self._borrow(c, d, tn, ts, s, self._corrected(d, slopes))
         means: list[float | None] = [ts[i] / tn[i] if tn[i] > 1e-12 else None for i in range(na)]
         extra = self._draft_prefill_charge(c)
         if extra > 0:
@@ -397,9 +398,10 @@ class NightjarPolicy:
         i = self._arm_idx.get(0)
         if i is None or self._n[c][i] <= 0:
             return None
-        loss0 = self._corrected(c)[i] / self._n[c][i]  # per token, prefill removed, batch-normalised
+        slopes = self._prefill_slopes() if self._prefill else None
+        loss0 = self._corrected(c, slopes)[i] / self._n[c][i]  # per token, prefill removed, batch-normalised
         plain = loss0 * (self._edges[c] if self._norm else max(1, fb.batch_size))
-        plain += self._prefill_slope(False) * fb.prefill_tokens if self._prefill else 0.0
+        plain += slopes[0] * fb.prefill_tokens if slopes is not None else 0.0
         return max(0.0, fb.step_time_s - plain)
 
     def _prefill_slope(self, draft_on: bool) -> float:
@@ -464,20 +466,21 @@ class NightjarPolicy:
         (batch-normalised to the lower edge when ``normalise_batch``)."""
         return per_token * self._bmean[c] / self._edges[c] if self._norm and per_token else per_token
 
-    def _corrected(self, c: int) -> list[float]:
-        """Loss sums of bucket c with the learnt prefill cost of each arm's state taken out."""
+    def _corrected(self, c: int, slopes: tuple[float, float] | None = None) -> list[float]:
+        """Loss sums of bucket c with the learnt prefill cost of each arm's state taken out
+        (``slopes``: ``_prefill_slopes()`` when the caller already has them)."""
         if not self._prefill:
             return self._s[c]
-        b_off, b_on = self._prefill_slopes()
+        b_off, b_on = slopes if slopes is not None else self._prefill_slopes()
         if b_off <= 0 and b_on <= 0:
             return self._s[c]
         return [max(a - (b_on if g > 0 else b_off) * b, 0.05 * a)
                 for g, a, b in zip(self._arms, self._s[c], self._sp[c], strict=True)]
 
-    def _borrow(self, c: int, d: int, tn: list[float], ts: list[float]) -> None:
-        """Add neighbour d's evidence to bucket c, rescaled via a reference arm both have tried."""
+    def _borrow(self, c: int, d: int, tn: list[float], ts: list[float], sc: list[float], sd: list[float]) -> None:
+        """Add neighbour d's evidence to bucket c, rescaled via a reference arm both have tried
+        (``sc``, ``sd``: the two buckets' corrected loss sums)."""
         nc, nd = self._n[c], self._n[d]
-        sc, sd = self._corrected(c), self._corrected(d)
         inv_c, inv_d = 1.0 / self._w[c], 1.0 / self._w[d]
         ref, ref_n = -1, 0.0
         for i in range(len(nc)):
