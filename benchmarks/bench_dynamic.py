@@ -21,6 +21,13 @@ semantics; start-up costs minutes here, so one server per policy is not affordab
   Nightjar): ``dsd`` (DSD-style goodput), ``oracle`` (per-batch oracle gamma from the profile) and
   ``nightjar`` (Nightjar with elastic memory, offload policy ``auto``).
 
+``--kv-base-blocks N`` (memory-tight): both servers get the same memory, a KV pool of N blocks plus the
+draft's bytes. Server A pins the draft resident, so every static gamma (gamma 0 included) and
+``nightjar-no-offload`` decode in N blocks, as a speculative deployment whose draft holds its weights
+does; on server B Nightjar may offload the draft and use the rest, and ``nosd-nodraft`` (the draft
+pinned offloaded, gamma 0) stands for plain vLLM without a draft in the same memory: the honest
+no-SD baseline there, reported as ``overall_vs_nosd_nodraft``.
+
 Per phase and overall: output tokens/s, TTFT/TPOT/E2E p50/p99, mean gamma and acceptance from the step
 log; gamma and draft-state timelines. Writes ``benchmarks/results/dynamic[/quick]/{table.md,dynamic.png,
 results.json}`` (``PAIR=qwen``: ``dynamic-qwen``). Last line:
@@ -61,11 +68,15 @@ set_cpu_env()
 
 STATICS = ["nosd", "static-1", "static-2", "static-3", "static-4"]
 SERVER_A = [*STATICS, "vllm-table", "ucb", "nightjar-no-offload"]
-SERVER_B = ["dsd", "oracle", "nightjar"]
+SERVER_B = ["dsd", "oracle", "nightjar", "nosd-nodraft"]
 # Server B's KV pool with elastic memory is sized for the offloaded draft: the default 2 GiB plus the
 # draft's bytes. The Qwen 0.5B draft takes 3.6 GB as loaded in fp32, more than 2 GiB, which left no
 # base pool (docs/memory.md); the bundled draft is small enough for the default.
 KV_POOL_GIB_WITH_MEMORY = {"qwen": 6}
+# The CPU reload re-packs the draft's GEMM weights between engine steps, at most reload_slice_s of work
+# per step (default 0.02 s). The Qwen draft is 3.6 GB (~5 s of work): at 20 ms a step, 250 steps of
+# ~0.5 s at batch 1, longer than a low phase. 0.1 s is ~20 % of a batch-1 step for ~50 steps.
+RELOAD_SLICE_S = {"qwen": 0.1}
 ADAPTIVE = ("vllm-table", "ucb", "nightjar-no-offload", "dsd", "oracle", "nightjar")
 DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading", "draining")
 
@@ -92,7 +103,28 @@ SERVER_ARGS = ["--scheduler", "nightjar", "--no-enable-prefix-caching"]
 
 
 def planner_policy(name: str) -> str:
-    return "nightjar" if name.startswith("nightjar") else name
+    return "nightjar" if name.startswith("nightjar") else "nosd" if name == "nosd-nodraft" else name
+
+
+def draft_state(url: str) -> float | None:
+    import httpx
+
+    m = loadgen.parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
+    return loadgen.metric_sum(m, "nightjar_draft_state") if any(k[0] == "nightjar_draft_state" for k in m) else None
+
+
+async def drive_to_state(url: str, model: str, prompts, state: float, timeout_s: float = 300.0) -> None:
+    """Short requests until the draft reaches ``state``: the memory manager moves it between engine
+    steps only, so an idle server never applies a control-file change."""
+    client = openai_client(url)
+    t0 = time.perf_counter()
+    try:
+        while draft_state(url) != state:
+            if time.perf_counter() - t0 > timeout_s:
+                raise TimeoutError(f"draft state {draft_state(url)} after {timeout_s:.0f} s, waiting for {state}")
+            await loadgen.run_closed_loop(client, model, prompts[:2], 2, 2, max_tokens=4)
+    finally:
+        await client.close()
 
 
 def kv_block_bytes(target: Path, block_tokens: int, dtype: str) -> int:
@@ -160,7 +192,8 @@ class Bench:
         self.meta: dict[str, Any] = {"pair": args.pair, "dtype": pair_dtype(args.pair), "quick": args.quick, "scale": args.scale,
                                      "max_tokens": args.max_tokens, "max_prompt_chars": args.max_prompt_chars, "trace": self.spec.model_dump(),
                                      "phases": [[n, round(a, 2), round(b, 2)] for n, a, b in self.windows],
-                                     "server_start_s": {}, "notes": [], "server_args": SERVER_ARGS}
+                                     "server_start_s": {}, "notes": [], "server_args": SERVER_ARGS,
+                                     "kv_base_blocks": args.kv_base_blocks}
         self.table: list[list[int]] | None = None
         self.profile_path: Path | None = None
         self.priors: dict | None = None  # Nightjar's warm start (PlannerPriors dump), from the profile
@@ -206,7 +239,13 @@ class Bench:
     def server_a(self) -> None:
         log = self.out / "steps-a.jsonl"
         log.unlink(missing_ok=True)
-        srv = self.start("a", {"NIGHTJAR_STEP_LOG": str(log)})
+        if self.args.profile and not any(p in SERVER_A for p in self.args.policies):
+            self.after_sweep(log)  # nothing to run on A: the given profile gives the priors
+            return
+        env = {"NIGHTJAR_STEP_LOG": str(log)}
+        if self.args.kv_base_blocks:  # the draft pinned resident in the same memory as server B
+            env.update(self.memory_env("resident", None))
+        srv = self.start("a", env)
         try:
             self.meta["kv_blocks"], self.meta["block_tokens"] = cache_info(srv.url)
             swept = False
@@ -226,7 +265,7 @@ class Bench:
         fleet's priors or a profiled pair give a worker in production; docs/planner.md)."""
         if "vllm-table" in self.args.policies:
             self.tune_table(log)
-        self.profile_path = self.profile(read_jsonl(log))
+        self.profile_path = self.profile(read_jsonl(log) if log.exists() else [])
         if self.profile_path is None or self.args.cold:
             self.meta["nightjar_start"] = "cold (no priors)"
             return
@@ -292,10 +331,7 @@ class Bench:
             env["NIGHTJAR_PROFILE"] = str(profile)
         memory = self.args.memory
         if memory:
-            env["NIGHTJAR_MEMORY"] = json.dumps({"enabled": True, "mode": "resident", "control_file": str(ctl)})
-            if self.args.pair in KV_POOL_GIB_WITH_MEMORY:
-                env["VLLM_CPU_KVCACHE_SPACE"] = str(KV_POOL_GIB_WITH_MEMORY[self.args.pair])
-                self.meta["kv_pool_gib_server_b"] = KV_POOL_GIB_WITH_MEMORY[self.args.pair]
+            env.update(self.memory_env("resident", ctl))
         try:
             srv = self.start("b", env)
         except (RuntimeError, TimeoutError) as e:
@@ -309,10 +345,14 @@ class Bench:
             memory = False
             srv = self.start("b-nomem", env)
         self.meta["elastic_memory"] = memory
+        if not memory:
+            wanted = [p for p in wanted if p != "nosd-nodraft"]
         try:
             for name in wanted:
-                ctl.write_text("auto" if name == "nightjar" else "resident")
+                ctl.write_text({"nightjar": "auto", "nosd-nodraft": "offloaded"}.get(name, "resident"))
                 time.sleep(1.5)  # the manager reads the control file's mtime once per step
+                if name == "nosd-nodraft":
+                    asyncio.run(drive_to_state(srv.url, srv.model_name(), self.prompts, 2.0))
                 self.run_policy(srv, name, log)
         finally:
             srv.stop()
@@ -322,6 +362,23 @@ class Bench:
                 self.note("elastic memory on, but the draft stayed resident through the whole run (no KV "
                           "pressure at this load: the offload policy needs waiting requests or KV usage >= 90%); "
                           "'nightjar' and 'nightjar-no-offload' therefore ran the same configuration in effect")
+
+    def memory_env(self, mode: str, control: Path | None) -> dict[str, str]:
+        """NIGHTJAR_MEMORY (and the KV pool) for a server with elastic memory; ``--kv-base-blocks``
+        caps what the draft-resident state may use."""
+        cfg: dict[str, Any] = {"enabled": True, "mode": mode}
+        if control is not None:
+            cfg["control_file"] = str(control)
+        if self.args.kv_base_blocks:
+            cfg["base_blocks"] = self.args.kv_base_blocks
+        if self.args.pair in RELOAD_SLICE_S:
+            cfg["reload_slice_s"] = RELOAD_SLICE_S[self.args.pair]
+        env = {"NIGHTJAR_MEMORY": json.dumps(cfg)}
+        self.meta["memory_config"] = cfg
+        if self.args.pair in KV_POOL_GIB_WITH_MEMORY:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(KV_POOL_GIB_WITH_MEMORY[self.args.pair])
+            self.meta["kv_pool_gib"] = KV_POOL_GIB_WITH_MEMORY[self.args.pair]
+        return env
 
     def reload(self) -> None:
         """A finished run's results.json, with the step-log figures derived again from its step logs
@@ -357,8 +414,8 @@ class Bench:
                              common.fmt(st["mean_gamma"], 3) if st["mean_gamma"] is not None else "-",
                              common.fmt(st["mean_batch"], 3) if st["mean_batch"] is not None else "-",
                              common.fmt(st["acceptance"], 3) if st["acceptance"] is not None else "-"])
-        missing = [p for p in ["nosd", "static-1", "static-2", "static-3", "static-4", "vllm-table", "dsd", "ucb",
-                               "oracle", "nightjar-no-offload", "nightjar"] if p not in self.results]
+        missing = [p for p in [*STATICS, "vllm-table", "dsd", "ucb", "oracle", "nightjar-no-offload", "nightjar",
+                               *(["nosd-nodraft"] if self.meta.get("kv_base_blocks") else [])] if p not in self.results]
         notes = "\n".join(f"- {n}" for n in self.meta["notes"])
         notes += ("\n- not measured: " + ", ".join(missing)) if missing else ""
         notes += f"\n- prompts: Spec-Bench, every category, at most {self.args.max_prompt_chars} characters " \
@@ -369,6 +426,11 @@ class Bench:
                   "window tok/s = tokens the server emitted while the phase lasted over its length (step log; "
                   "the last phase's window runs through the drain); "
                   "mean gamma/acceptance from the worker's step log (steps ending in the phase)")
+        if self.meta.get("kv_base_blocks"):
+            notes += (f"\n- memory-tight: {self.meta['kv_base_blocks']} KV blocks of {self.meta.get('block_tokens')} "
+                      "tokens while the draft is resident (server A pins it: every static gamma, no-SD included, and "
+                      "nightjar-no-offload decode in them), plus the draft's bytes once it is offloaded; nosd-nodraft = "
+                      "the draft pinned offloaded at gamma 0, plain decoding with all the memory (no-SD without a draft)")
         notes += f"\n- vLLM table (tuned from the sweep): {self.meta.get('vllm_table', 'not tuned')}"
         notes += f"\n- nightjar start: {self.meta.get('nightjar_start', 'cold (no priors)')}"
         notes += f"\n- profile: {self.meta.get('profile_source', 'none')}; oracle gamma per batch: " \
@@ -455,12 +517,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="only Spec-Bench prompts this short (0: all); see dynamic_lib.short_prompts")
     ap.add_argument("--profile", type=Path, default=None, help="CostProfile JSON for dsd/oracle instead of measuring")
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="server B without elastic memory")
+    ap.add_argument("--kv-base-blocks", type=int, default=None,
+                    help="memory-tight: KV blocks while the draft is resident, on both servers (module doc)")
     ap.add_argument("--cold", action="store_true",
                     help="start Nightjar without priors (default: priors derived from the run's profile)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite table.md, dynamic.png and results.json from the finished run in --out")
     args = ap.parse_args(argv)
+    if args.kv_base_blocks and not args.memory:
+        ap.error("--kv-base-blocks needs elastic memory (drop --no-memory)")
     args.quick = quick
     args.max_prompt_chars = args.max_prompt_chars or None
     if args.scale is None:

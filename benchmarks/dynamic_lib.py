@@ -338,7 +338,8 @@ def dynamic_ratios(
     oracle: str = "oracle",
 ) -> dict[str, float | None]:
     """The RESULT figures. ``results[policy][phase | 'overall']`` holds loadgen summaries. "Best
-    static" is taken over every fixed gamma in the run, no-SD (gamma 0) included, per phase."""
+    static" is taken over every fixed gamma in the run, no-SD (gamma 0) included, per phase.
+    ``overall_vs_nosd_nodraft`` only when the run has ``nosd-nodraft`` (bench_dynamic --kv-base-blocks)."""
     st = [p for p in statics if p in results]
     out: dict[str, float | None] = dict.fromkeys(
         ("worst_phase_vs_best_static", "overall_vs_nosd", "overall_vs_best_static",
@@ -356,6 +357,8 @@ def dynamic_ratios(
         out["p99_tpot_vs_best_static"] = mine / min(tp) if tp and mine else None
     if "nosd" in results and _tput(results, "nosd", "overall") > 0:
         out["overall_vs_nosd"] = _tput(results, adaptive, "overall") / _tput(results, "nosd", "overall")
+    if "nosd-nodraft" in results and _tput(results, "nosd-nodraft", "overall") > 0:
+        out["overall_vs_nosd_nodraft"] = _tput(results, adaptive, "overall") / _tput(results, "nosd-nodraft", "overall")
     if oracle in results and _tput(results, oracle, "overall") > 0:
         out["oracle_fraction"] = _tput(results, adaptive, "overall") / _tput(results, oracle, "overall")
     return out

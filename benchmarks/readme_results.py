@@ -36,7 +36,10 @@ def dynamic_section(d: dict[str, Any], rel: str) -> list[str]:
     lines = [
         f"**Shifting load** (`{'QUICK=1 ' if meta.get('quick') else ''}make bench-dynamic`, {meta['pair']} pair, "
         f"{meta.get('dtype', '?')}, {kind}; `{rel}`): output tok/s per phase (requests arriving in it), overall "
-        "TPOT p99 and mean gamma.",
+        "TPOT p99 and mean gamma."
+        + (f" Memory-tight: {meta['kv_base_blocks']} KV blocks while the draft is resident (no-SD and the static "
+           "gammas keep it resident), plus the draft's bytes once offloaded; `nosd-nodraft` is plain decoding "
+           "with all of that memory." if meta.get("kv_base_blocks") else ""),
         "",
     ]
     base = res["nosd"]["overall"]["output_tok_s"]
