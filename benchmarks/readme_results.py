@@ -34,7 +34,9 @@ def dynamic_section(d: dict[str, Any], rel: str) -> list[str]:
     kind = "QUICK" if meta.get("quick") else "full"
     phases = [p for p in next(iter(res.values())) if p != "overall"]
     lines = [
-        f"**Shifting load** (`{'QUICK=1 ' if meta.get('quick') else ''}make bench-dynamic`, {meta['pair']} pair, "
+        f"**Shifting load** (`{'QUICK=1 ' if meta.get('quick') else ''}make bench-dynamic"
+        f"{' DYNAMIC_ARGS=--kv-base-blocks=' + str(meta['kv_base_blocks']) if meta.get('kv_base_blocks') else ''}`, "
+        f"{meta['pair']} pair, "
         f"{meta.get('dtype', '?')}, {kind}; `{rel}`): output tok/s per phase (requests arriving in it), overall "
         "TPOT p99 and mean gamma."
         + (f" Memory-tight: {meta['kv_base_blocks']} KV blocks while the draft is resident (no-SD and the static "
@@ -51,7 +53,8 @@ def dynamic_section(d: dict[str, Any], rel: str) -> list[str]:
         rows.append([pol, *cells, f"{ov['output_tok_s']:.1f}", f"{ov['output_tok_s'] / base:.3f}",
                      _ms(ov["tpot_p99_s"]), "-" if g is None else f"{g:.2f}"])
     headers = ["policy", *phases, "overall", "vs no-SD", "TPOT p99 ms", "mean gamma"]
-    return lines + [markdown_table(headers, rows), "", f"`{result_line(**d['ratios'])}`", ""]
+    ratios = {k: v for k, v in d["ratios"].items() if v is not None}  # as the bench prints it
+    return lines + [markdown_table(headers, rows), "", f"`{result_line(**ratios)}`", ""]
 
 
 def serve_section(d: dict[str, Any], rel: str) -> list[str]:

@@ -171,6 +171,21 @@ def test_dynamic_ratios():
     assert r["p99_tpot_vs_best_static"] == pytest.approx(0.05 / 0.04)
     assert r["oracle_fraction"] == pytest.approx(50 / 52)
     assert dl.dynamic_ratios({"nosd": res["nosd"]}, phases)["overall_vs_nosd"] is None
+    assert "overall_vs_nosd_nodraft" not in r  # only a memory-tight run has the no-draft baseline
+
+
+def test_memory_tight_ratios_keep_the_no_draft_baseline_out_of_the_statics():
+    """nosd-nodraft has the draft's memory for its KV cache, which no static gamma has: it is its own
+    ratio, never the "best static"."""
+    phases = ["high"]
+    res = {
+        "nosd": {"high": summ(80), "overall": summ(80)},
+        "nosd-nodraft": {"high": summ(100), "overall": summ(100)},
+        "nightjar": {"high": summ(96), "overall": summ(96)},
+    }
+    r = dl.dynamic_ratios(res, phases)
+    assert r["overall_vs_best_static"] == pytest.approx(96 / 80)
+    assert r["overall_vs_nosd_nodraft"] == pytest.approx(0.96)
 
 
 def test_rss_slopes_by_process_splits_process_and_kind():

@@ -115,6 +115,28 @@ def test_auto_policy_offloads_under_pressure(tmp_path):
     step_until(m, DraftState.RESIDENT, gamma=4)
 
 
+def test_pressure_during_a_stepped_reload_cancels_it(tmp_path):
+    m, sched, worker = make(tmp_path, reload_slice_s=1e-9, reload_slice_bytes=1024,
+                            policy={"offload_after_steps": 2, "reload_after_steps": 1,
+                                    "min_resident_s": 0, "min_offloaded_s": 0})
+    sched.waiting = [object()] * 3
+    m.on_step(0), m.on_step(0)
+    step_until(m, DraftState.OFFLOADED)
+    sched.waiting = []
+    for _ in range(4):  # calm and the planner wants gamma 2: drain, then the reload starts (one item a step)
+        m.on_step(2)
+    assert m.sm.state is DraftState.RELOADING and m.pool.limit == m.pool.base
+    sched.waiting = [object()] * 3
+    m.on_step(0), m.on_step(0)
+    assert m.sm.state is DraftState.OFFLOADED and "cancelled" in m.sm.history[-1].reason
+    assert m.pool.limit == m.pool.base + m.pool.extra  # the extra blocks are lent again at once
+    assert m.reload_failures == 0 and m.backoff.failures == 0  # a cancel is not a failure
+    mover = wa._agent(worker).mover
+    assert not mover.resident and mover.device_bytes() == 0
+    sched.waiting = []
+    step_until(m, DraftState.RESIDENT, gamma=2)  # and the next reload completes
+
+
 def test_config_sources_and_errors(tmp_path, monkeypatch):
     assert not load_config({}, environ={}).enabled
     assert load_config({"nightjar_memory": {"enabled": True}}, environ={}).enabled

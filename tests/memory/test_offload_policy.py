@@ -87,6 +87,14 @@ def test_drain_cancelled_when_pressure_returns():
     assert set(run(p, view(gamma=2, used=20), s, 20)) == {Action.NONE}
 
 
+def test_reload_cancelled_when_pressure_returns():
+    p = OffloadPolicy(CFG)
+    s = DraftState.RELOADING
+    assert run(p, view(gamma=0, waiting=3), s, 3) == [Action.NONE, Action.NONE, Action.CANCEL_RELOAD]
+    p = OffloadPolicy(CFG)
+    assert set(run(p, view(gamma=2, used=20), s, 20)) == {Action.NONE}  # calm: the reload goes on
+
+
 def test_disabled_never_acts():
     p = OffloadPolicy(OffloadPolicyConfig(enabled=False, offload_after_steps=1, min_resident_s=0))
     assert set(run(p, view(waiting=9), DraftState.RESIDENT, 10)) == {Action.NONE}

@@ -109,6 +109,35 @@ def test_stepped_reload_works_only_when_advanced_in_bounded_items(tmp_path):
     mover.close()
 
 
+@pytest.mark.parametrize("phase_items", [1, 20])  # stopped early / late (this draft has ~27 items)
+def test_cancelled_stepped_reload_frees_what_it_brought_back_and_can_run_again(tmp_path, phase_items):
+    _, draft = make(n_layers=3, dim=512)
+    before = {n: p.detach().clone() for n, p in draft.named_parameters()}
+    mover = DraftWeightMover(draft, "cpu", offload_dir=str(tmp_path))
+    mover.start_offload().wait(30)
+    t = mover.start_reload(slice_bytes=64 << 10, stepped=True)
+    for _ in range(phase_items):
+        assert not t.advance(0.0)
+    t.cancel()
+    assert t.done and t.cancelled and t.error == "cancelled"
+    assert not mover.resident and not mover.usable and mover.device_bytes() == 0
+    t = mover.start_reload(slice_bytes=64 << 10, stepped=True)
+    assert t.wait() and t.error is None and mover.resident and mover.usable
+    assert all(torch.equal(p, before[n]) for n, p in draft.named_parameters())
+    mover.close()
+
+
+def test_cancelled_threaded_reload_stops_at_its_next_item(tmp_path):
+    _, draft = make()
+    mover = DraftWeightMover(draft, "cpu", offload_dir=str(tmp_path))
+    mover.start_offload().wait(30)
+    t = mover.start_reload(slice_bytes=4 << 10)  # many small items: the thread is still running
+    t.cancel()
+    assert t.wait(30) and t.error in ("cancelled", None)  # None: it finished before the flag was seen
+    assert mover.resident == (t.error is None) and mover.usable == mover.resident
+    mover.close()
+
+
 def test_stepped_reload_failure_is_reported_and_frees_everything(tmp_path):
     _, draft = make()
     mover = DraftWeightMover(draft, "cpu", offload_dir=str(tmp_path), faults=FaultInjector(1))

@@ -168,6 +168,7 @@ class ElasticMemoryManager:
         errs = [r["error"] for r in res if r.get("error")]
         out["error"] = "; ".join(errs) if errs else None
         out["duration_s"] = max(r.get("duration_s", 0.0) for r in res)
+        out["cancelled"] = any(r.get("cancelled", False) for r in res)
         return out
 
     def _start(self, op: Callable[..., Any], what: str, args: tuple[Any, ...] = ()) -> str | None:
@@ -263,6 +264,10 @@ class ElasticMemoryManager:
         elif action is Action.CANCEL_DRAIN:
             pool.set_limit(pool.base + pool.extra)
             sm.to(DraftState.OFFLOADED, "pressure returned while draining")
+        elif action is Action.CANCEL_RELOAD and self._start(wa.rpc_cancel, "reload cancel") is None:
+            p = self._poll()  # a stepped reload stops at once; a threaded one at its next item (a later poll)
+            if p["done"]:
+                self._finish_reload(p, now)
 
         # 4. drain: reload once no request holds an extra block
         if sm.state is DraftState.DRAINING:
@@ -299,6 +304,11 @@ class ElasticMemoryManager:
             self._reload_failed(err, self.clock())
 
     def _finish_reload(self, p: dict[str, Any], now: float) -> None:
+        if p["cancelled"]:  # not a failure: no back-off, the policy's own hysteresis paces the next try
+            self.pool.set_limit(self.pool.base + self.pool.extra)
+            self.sm.to(DraftState.OFFLOADED, f"pressure returned while reloading: reload cancelled after "
+                       f"{p['duration_s']:.3f}s, its work discarded")
+            return
         if p["error"]:
             self._reload_failed(p["error"], now)
             return

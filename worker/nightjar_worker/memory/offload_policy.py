@@ -82,6 +82,7 @@ class Action(str, Enum):
     OFFLOAD = "offload"
     DRAIN = "drain"  # start bringing the draft back: stop handing out extra blocks
     CANCEL_DRAIN = "cancel_drain"
+    CANCEL_RELOAD = "cancel_reload"  # back to OFFLOADED: the extra blocks again, the reload's work lost
 
 
 class OffloadPolicy:
@@ -138,11 +139,13 @@ class OffloadPolicy:
             ):
                 self._reset()
                 return Action.DRAIN
-        elif state is DraftState.DRAINING:
-            # Pressure during a drain means the extra blocks are needed again.
+        elif state in (DraftState.DRAINING, DraftState.RELOADING):
+            # Pressure during a drain or a reload means the extra blocks are needed again. A stepped CPU
+            # reload of a large draft spans many steps (Qwen 0.5B fp32: 150 s at low load), all of them
+            # without speculation and in the base pool: a load rising meanwhile needs the blocks now.
             if self._pressure_steps >= c.offload_after_steps:
                 self._reset()
-                return Action.CANCEL_DRAIN
+                return Action.CANCEL_DRAIN if state is DraftState.DRAINING else Action.CANCEL_RELOAD
         return Action.NONE
 
     def _reset(self) -> None:

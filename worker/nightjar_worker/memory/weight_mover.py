@@ -41,6 +41,7 @@ import torch
 from .fault import FaultInjector
 
 log = logging.getLogger("nightjar.memory")
+CANCELLED = "cancelled"
 
 
 @dataclass
@@ -55,6 +56,7 @@ class MoveTask:
     bytes_moved: int = 0
     busy_s: float = 0.0  # time spent working (stepped: the sum of the slices)
     slices: int = 0
+    cancelled: bool = False  # cancel() was called; once done, error is CANCELLED
     _thread: threading.Thread | None = None
     _steps: Iterator[None] | None = None  # stepped mode: the remaining work, advanced by the caller
     _finish: Callable[[], None] | None = None
@@ -82,6 +84,19 @@ class MoveTask:
         if self._steps is None and self._finish is not None:
             self._finish()
         return self.done
+
+    def cancel(self) -> None:
+        """Stop between work items; the work discards what it did (a reload frees the weights it
+        had brought back). Stepped: at once, on the calling thread; threaded: at the thread's next item."""
+        if self.done:
+            return
+        self.cancelled = True
+        if self._steps is not None:
+            self._steps.close()  # GeneratorExit at the paused item: the work's own cleanup runs
+            self._steps = None
+            self.error = CANCELLED
+            if self._finish is not None:
+                self._finish()
 
     def wait(self, timeout: float | None = None) -> bool:
         if self._steps is not None:
@@ -273,8 +288,12 @@ class DraftWeightMover:
             # starved low-priority GIL holder stalls the decoding thread (priority inversion, measured).
             t0 = time.monotonic()
             try:
-                for _ in body():
-                    pass
+                work = body()
+                for _ in work:
+                    if task.cancelled:
+                        work.close()
+                        task.error = CANCELLED
+                        break
             except Exception as e:  # noqa: BLE001 - any failure is reported, never raised into the worker loop
                 task.error = f"{type(e).__name__}: {e}"
                 log.warning("nightjar memory: draft %s failed: %s", task.kind, task.error)

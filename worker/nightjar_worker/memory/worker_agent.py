@@ -81,7 +81,7 @@ class WorkerMemoryAgent:
         out: dict[str, Any] = {"resident": self.mover.resident, "rss_bytes": _rss_bytes()}
         if t is not None:
             out.update(kind=t.kind, done=t.done, error=t.error, duration_s=t.duration_s, bytes=t.bytes_moved,
-                       busy_s=t.busy_s, slices=t.slices)
+                       busy_s=t.busy_s, slices=t.slices, cancelled=t.cancelled)
         return out
 
 
@@ -125,6 +125,15 @@ def rpc_poll(worker: Any, slice_s: float = 0.0) -> dict[str, Any]:
     a = _agent(worker)
     if a.mover.task is not None and slice_s > 0:
         a.mover.task.advance(slice_s)
+    return a.poll()
+
+
+def rpc_cancel(worker: Any) -> dict[str, Any]:
+    """Stop the current move between work items (a stepped reload at once, a threaded one at its next
+    item); the draft stays offloaded."""
+    a = _agent(worker)
+    if a.mover.task is not None:
+        a.mover.task.cancel()
     return a.poll()
 
 
