@@ -127,14 +127,13 @@ def test_cancelled_stepped_reload_frees_what_it_brought_back_and_can_run_again(t
     mover.close()
 
 
-def test_cancelled_threaded_reload_stops_at_its_next_item(tmp_path):
+def test_a_threaded_reload_is_not_cancelled(tmp_path):
     _, draft = make()
     mover = DraftWeightMover(draft, "cpu", offload_dir=str(tmp_path))
     mover.start_offload().wait(30)
-    t = mover.start_reload(slice_bytes=4 << 10)  # many small items: the thread is still running
-    t.cancel()
-    assert t.wait(30) and t.error in ("cancelled", None)  # None: it finished before the flag was seen
-    assert mover.resident == (t.error is None) and mover.usable == mover.resident
+    t = mover.start_reload(slice_bytes=4 << 10)
+    assert not t.cancel()  # several workers' threads could not all stop at the same point
+    assert t.wait(30) and t.error is None and not t.cancelled and mover.resident and mover.usable
     mover.close()
 
 

@@ -168,7 +168,7 @@ class ElasticMemoryManager:
         errs = [r["error"] for r in res if r.get("error")]
         out["error"] = "; ".join(errs) if errs else None
         out["duration_s"] = max(r.get("duration_s", 0.0) for r in res)
-        out["cancelled"] = any(r.get("cancelled", False) for r in res)
+        out["cancelled"] = all(r.get("cancelled", False) for r in res)
         return out
 
     def _start(self, op: Callable[..., Any], what: str, args: tuple[Any, ...] = ()) -> str | None:
@@ -265,7 +265,7 @@ class ElasticMemoryManager:
             pool.set_limit(pool.base + pool.extra)
             sm.to(DraftState.OFFLOADED, "pressure returned while draining")
         elif action is Action.CANCEL_RELOAD and self._start(wa.rpc_cancel, "reload cancel") is None:
-            p = self._poll()  # a stepped reload stops at once; a threaded one at its next item (a later poll)
+            p = self._poll()  # a stepped (CPU) reload stops at once; a threaded (CUDA, ~1 s) one runs on
             if p["done"]:
                 self._finish_reload(p, now)
 

@@ -56,7 +56,7 @@ class MoveTask:
     bytes_moved: int = 0
     busy_s: float = 0.0  # time spent working (stepped: the sum of the slices)
     slices: int = 0
-    cancelled: bool = False  # cancel() was called; once done, error is CANCELLED
+    cancelled: bool = False  # stopped by cancel() (stepped only); error is CANCELLED
     _thread: threading.Thread | None = None
     _steps: Iterator[None] | None = None  # stepped mode: the remaining work, advanced by the caller
     _finish: Callable[[], None] | None = None
@@ -85,18 +85,20 @@ class MoveTask:
             self._finish()
         return self.done
 
-    def cancel(self) -> None:
-        """Stop between work items; the work discards what it did (a reload frees the weights it
-        had brought back). Stepped: at once, on the calling thread; threaded: at the thread's next item."""
-        if self.done:
-            return
+    def cancel(self) -> bool:
+        """Stepped mode: stop at once, between work items; the work discards what it did (a reload
+        frees the weights it had brought back). A threaded task (CUDA: a reload of about a second)
+        is left to finish: with several workers, some could finish before seeing a flag and leave
+        the draft resident on part of them. Returns whether the task was cancelled."""
+        if self.done or self._steps is None:
+            return False
         self.cancelled = True
-        if self._steps is not None:
-            self._steps.close()  # GeneratorExit at the paused item: the work's own cleanup runs
-            self._steps = None
-            self.error = CANCELLED
-            if self._finish is not None:
-                self._finish()
+        self._steps.close()  # GeneratorExit at the paused item: the work's own cleanup runs
+        self._steps = None
+        self.error = CANCELLED
+        if self._finish is not None:
+            self._finish()
+        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         if self._steps is not None:
@@ -288,12 +290,8 @@ class DraftWeightMover:
             # starved low-priority GIL holder stalls the decoding thread (priority inversion, measured).
             t0 = time.monotonic()
             try:
-                work = body()
-                for _ in work:
-                    if task.cancelled:
-                        work.close()
-                        task.error = CANCELLED
-                        break
+                for _ in body():
+                    pass
             except Exception as e:  # noqa: BLE001 - any failure is reported, never raised into the worker loop
                 task.error = f"{type(e).__name__}: {e}"
                 log.warning("nightjar memory: draft %s failed: %s", task.kind, task.error)

@@ -129,8 +129,7 @@ def rpc_poll(worker: Any, slice_s: float = 0.0) -> dict[str, Any]:
 
 
 def rpc_cancel(worker: Any) -> dict[str, Any]:
-    """Stop the current move between work items (a stepped reload at once, a threaded one at its next
-    item); the draft stays offloaded."""
+    """Stop a stepped reload between work items (the draft stays offloaded); a threaded move runs on."""
     a = _agent(worker)
     if a.mover.task is not None:
         a.mover.task.cancel()
