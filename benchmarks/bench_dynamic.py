@@ -110,7 +110,7 @@ def draft_state(url: str) -> float | None:
     import httpx
 
     m = loadgen.parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
-    return loadgen.metric_sum(m, "nightjar_draft_state") if any(k[0] == "nightjar_draft_state" for k in m) else None
+    return loadgen.metric_or_none(m, "nightjar_draft_state")
 
 
 async def drive_to_state(url: str, model: str, prompts, state: float, timeout_s: float = 300.0) -> None:

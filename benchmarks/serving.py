@@ -119,13 +119,11 @@ async def sample_metrics(url: str, t0: float, stop: asyncio.Event, out: list[Met
         while not stop.is_set():
             try:
                 m = await loadgen.scrape(http, url)
-                has_state = any(k[0] == "nightjar_draft_state" for k in m)
-                has_gamma = any(k[0] == "nightjar_gamma_current" for k in m)
                 out.append(MetricTick(
                     t=time.perf_counter() - t0,
                     unix=time.time(),
-                    gamma_now=loadgen.metric_sum(m, "nightjar_gamma_current") if has_gamma else None,
-                    draft_state=loadgen.metric_sum(m, "nightjar_draft_state") if has_state else None,
+                    gamma_now=loadgen.metric_or_none(m, "nightjar_gamma_current"),
+                    draft_state=loadgen.metric_or_none(m, "nightjar_draft_state"),
                     running=loadgen.metric_sum(m, "vllm:num_requests_running"),
                     gen_tokens=loadgen.metric_sum(m, "vllm:generation_tokens_total"),
                 ))

@@ -63,3 +63,6 @@ def test_metrics_parsing_and_label_filtered_sums():
     assert loadgen.metric_sum(m, "nightjar_steps_total") == 8
     assert loadgen.metric_sum(m, "nightjar_steps_total", gamma="4") == 5
     assert loadgen.metric_sum(m, "vllm:generation_tokens_total") == 42
+    # absent (a server without Nightjar) is None, not 0: a timeline gap rather than a fake "resident"
+    assert loadgen.metric_or_none(m, "nightjar_draft_state") is None
+    assert loadgen.metric_or_none(m, "nightjar_steps_total") == 8

@@ -339,6 +339,11 @@ def metric_sum(samples: dict, name: str, **labels: str) -> float:
     return tot
 
 
+def metric_or_none(samples: dict, name: str) -> float | None:
+    """``metric_sum``, or None when the server exports no sample called ``name`` (e.g. no Nightjar)."""
+    return metric_sum(samples, name) if any(n == name for n, _ in samples) else None
+
+
 async def scrape(http: Any, base_url: str) -> dict:
     r = await http.get(base_url.rstrip("/") + "/metrics")
     r.raise_for_status()

@@ -162,7 +162,11 @@ class ElasticMemoryManager:
             self._trace.write(json.dumps(rec) + "\n")
 
     def _poll(self) -> dict[str, Any]:
-        res = self.rpc(wa.rpc_poll, args=(self.config.reload_slice_s,))
+        return self._merge(self.rpc(wa.rpc_poll, args=(self.config.reload_slice_s,)))
+
+    @staticmethod
+    def _merge(res: list[dict[str, Any]]) -> dict[str, Any]:
+        """One progress report from every worker's: done, cancelled only when all are; errors joined."""
         out = dict(res[0])
         out["done"] = all(r.get("done", True) for r in res)
         errs = [r["error"] for r in res if r.get("error")]
@@ -171,13 +175,13 @@ class ElasticMemoryManager:
         out["cancelled"] = all(r.get("cancelled", False) for r in res)
         return out
 
-    def _start(self, op: Callable[..., Any], what: str, args: tuple[Any, ...] = ()) -> str | None:
+    def _start(self, op: Callable[..., Any], what: str, args: tuple[Any, ...] = ()) -> tuple[Any, str | None]:
+        """(every worker's reply, None), or (None, the error) when a worker refused."""
         try:
-            self.rpc(op, args=args)
-            return None
+            return self.rpc(op, args=args), None
         except Exception as e:  # noqa: BLE001 - e.g. a worker refusing; reported as a failed move
             log.warning("nightjar memory: could not start draft %s: %s", what, e)
-            return f"{type(e).__name__}: {e}"
+            return None, f"{type(e).__name__}: {e}"
 
     def _mode_now(self) -> str:
         path = self.config.control_file
@@ -254,7 +258,7 @@ class ElasticMemoryManager:
             reason = "pinned offloaded" if mode == "offloaded" else (
                 f"gamma 0 under pressure: waiting {view.num_waiting}, KV usage {view.kv_usage:.2f}")
             sm.to(DraftState.OFFLOADING, reason)
-            err = self._start(wa.rpc_offload, "offload")
+            _, err = self._start(wa.rpc_offload, "offload")
             if err:
                 sm.to(DraftState.RESIDENT, f"offload failed: {err}")
         elif action is Action.DRAIN:
@@ -264,9 +268,10 @@ class ElasticMemoryManager:
         elif action is Action.CANCEL_DRAIN:
             pool.set_limit(pool.base + pool.extra)
             sm.to(DraftState.OFFLOADED, "pressure returned while draining")
-        elif action is Action.CANCEL_RELOAD and self._start(wa.rpc_cancel, "reload cancel") is None:
-            p = self._poll()  # a stepped (CPU) reload stops at once; a threaded (CUDA, ~1 s) one runs on
-            if p["done"]:
+        elif action is Action.CANCEL_RELOAD:
+            res, err = self._start(wa.rpc_cancel, "reload cancel")
+            # the reply is a poll: a stepped (CPU) reload stops at once; a threaded (CUDA, ~1 s) one runs on
+            if err is None and (p := self._merge(res))["done"]:
                 self._finish_reload(p, now)
 
         # 4. drain: reload once no request holds an extra block
@@ -299,7 +304,7 @@ class ElasticMemoryManager:
                 self._reload_failed(f"releasing KV pages: {type(e).__name__}: {e}", self.clock())
                 return
         self.sm.to(DraftState.RELOADING, f"extra blocks drained, {self.released_bytes} bytes of KV pages released")
-        err = self._start(wa.rpc_reload, "reload", args=(self.config.reload_slice_s, self.config.reload_slice_bytes))
+        _, err = self._start(wa.rpc_reload, "reload", args=(self.config.reload_slice_s, self.config.reload_slice_bytes))
         if err:
             self._reload_failed(err, self.clock())
 

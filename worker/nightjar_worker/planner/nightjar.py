@@ -75,6 +75,12 @@ _MIN_PREFILL_STEPS = 3  # steps with prompt tokens, per draft state, before the 
 _RHO_DECAY = 1.0 - 1.0 / 2048  # prompt/generated token sums (the workload's mix: slow to change)
 
 
+def _less_prefill(loss_sum: float, prompt_tokens: float, slope: float) -> float:
+    """A loss sum less its prompt tokens' learnt prefill cost, floored at 5 % so a slope fitted
+    too steep never makes an arm look free."""
+    return max(loss_sum - slope * prompt_tokens, 0.05 * loss_sum)
+
+
 @dataclass
 class NightjarStats:
     """Plain counters for metrics."""
@@ -399,7 +405,8 @@ class NightjarPolicy:
         if i is None or self._n[c][i] <= 0:
             return None
         slopes = self._prefill_slopes() if self._prefill else None
-        loss0 = self._corrected(c, slopes)[i] / self._n[c][i]  # per token, prefill removed, batch-normalised
+        loss0 = self._s[c][i] if slopes is None else _less_prefill(self._s[c][i], self._sp[c][i], slopes[0])
+        loss0 /= self._n[c][i]  # per token, prefill removed, batch-normalised
         plain = loss0 * (self._edges[c] if self._norm else max(1, fb.batch_size))
         plain += slopes[0] * fb.prefill_tokens if slopes is not None else 0.0
         return max(0.0, fb.step_time_s - plain)
@@ -474,7 +481,7 @@ class NightjarPolicy:
         b_off, b_on = slopes if slopes is not None else self._prefill_slopes()
         if b_off <= 0 and b_on <= 0:
             return self._s[c]
-        return [max(a - (b_on if g > 0 else b_off) * b, 0.05 * a)
+        return [_less_prefill(a, b, b_on if g > 0 else b_off)
                 for g, a, b in zip(self._arms, self._s[c], self._sp[c], strict=True)]
 
     def _borrow(self, c: int, d: int, tn: list[float], ts: list[float], sc: list[float], sd: list[float]) -> None:
