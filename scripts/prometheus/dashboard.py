@@ -307,8 +307,13 @@ def overview() -> dict[str, Any]:
     L.add(state)
     L.add(timeseries(
         "Draft transitions / s",
-        "Draft state transitions (nightjar_draft_transitions_total) by from -> to.",
-        [target(f"sum by (from, to) (rate(nightjar_draft_transitions_total{{{S}}}[{RI}]))", "{{from}} -> {{to}}")], unit="short"))
+        "Draft state transitions (nightjar_draft_transitions_total) by from -> to; of the reloads that "
+        "went back to offloaded, those that failed (nightjar_draft_reload_failures_total, retried after a "
+        "back-off) and those cancelled because KV pressure returned (nightjar_draft_reload_cancels_total).",
+        [target(f"sum by (from, to) (rate(nightjar_draft_transitions_total{{{S}}}[{RI}]))", "{{from}} -> {{to}}"),
+         target(f"sum(rate(nightjar_draft_reload_failures_total{{{S}}}[{RI}]))", "reload failed", ref="B"),
+         target(f"sum(rate(nightjar_draft_reload_cancels_total{{{S}}}[{RI}]))", "reload cancelled", ref="C")],
+        unit="short"))
     L.add(timeseries(
         "Offload / reload time p95",
         "Time to move the draft's weights out (nightjar_draft_offload_seconds) and back (nightjar_draft_reload_seconds).",

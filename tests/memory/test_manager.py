@@ -13,6 +13,8 @@ from nightjar_worker.memory.config import ElasticMemoryConfig, load_config
 from nightjar_worker.memory.fault import FaultInjector
 from nightjar_worker.memory.manager import ElasticMemoryManager
 from nightjar_worker.memory.offload_state import DraftState
+from nightjar_worker.metrics import WorkerMetrics
+from prometheus_client import REGISTRY
 
 NBLK, BASE = 100, 10
 BLOCK_BYTES = 8192
@@ -119,6 +121,8 @@ def test_pressure_during_a_stepped_reload_cancels_it(tmp_path):
     m, sched, worker = make(tmp_path, reload_slice_s=1e-9, reload_slice_bytes=1024,
                             policy={"offload_after_steps": 2, "reload_after_steps": 1,
                                     "min_resident_s": 0, "min_offloaded_s": 0})
+    m.metrics = WorkerMetrics()
+    cancels0 = REGISTRY.get_sample_value("nightjar_draft_reload_cancels_total") or 0.0
     sched.waiting = [object()] * 3
     m.on_step(0), m.on_step(0)
     step_until(m, DraftState.OFFLOADED)
@@ -131,6 +135,8 @@ def test_pressure_during_a_stepped_reload_cancels_it(tmp_path):
     assert m.sm.state is DraftState.OFFLOADED and "cancelled" in m.sm.history[-1].reason
     assert m.pool.limit == m.pool.base + m.pool.extra  # the extra blocks are lent again at once
     assert m.reload_failures == 0 and m.backoff.failures == 0  # a cancel is not a failure
+    assert m.reload_cancels == 1 and m.stats()["reload_cancels"] == 1
+    assert REGISTRY.get_sample_value("nightjar_draft_reload_cancels_total") == cancels0 + 1
     mover = wa._agent(worker).mover
     assert not mover.resident and mover.device_bytes() == 0
     sched.waiting = []

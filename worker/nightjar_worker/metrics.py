@@ -115,6 +115,9 @@ draft_transitions_total = Counter(
 draft_offload_seconds = Histogram("nightjar_draft_offload_seconds", "Time to offload the draft", buckets=MOVE_BUCKETS)
 draft_reload_seconds = Histogram("nightjar_draft_reload_seconds", "Time to reload the draft", buckets=MOVE_BUCKETS)
 draft_reload_failures_total = Counter("nightjar_draft_reload_failures_total", "Failed draft reloads")
+draft_reload_cancels_total = Counter(
+    "nightjar_draft_reload_cancels_total", "Draft reloads cancelled because KV pressure returned (not failures)"
+)
 kv_blocks_total = Gauge("nightjar_kv_blocks_total", "KV cache blocks available to the target", multiprocess_mode=_MP)
 kv_blocks_extra = Gauge(
     "nightjar_kv_blocks_extra", "KV blocks gained from the offloaded draft's bytes", multiprocess_mode=_MP
@@ -215,6 +218,9 @@ class WorkerMetrics:
             draft_reload_seconds.observe(seconds)
         if not ok:
             draft_reload_failures_total.inc()
+
+    def observe_reload_cancel(self) -> None:
+        draft_reload_cancels_total.inc()
 
     def set_kv_blocks(self, total: int, extra: int = 0) -> None:
         kv_blocks_total.set(total)

@@ -107,6 +107,7 @@ class ElasticMemoryManager:
         self.sm.add_listener(self._on_transition)
         self.last_reload_s = 0.0
         self.reload_failures = 0
+        self.reload_cancels = 0
         self.step = 0
         self.steps_in_state = 0
         self._control_mtime: float | None = None
@@ -310,6 +311,9 @@ class ElasticMemoryManager:
 
     def _finish_reload(self, p: dict[str, Any], now: float) -> None:
         if p["cancelled"]:  # not a failure: no back-off, the policy's own hysteresis paces the next try
+            self.reload_cancels += 1
+            if self.metrics is not None:
+                self.metrics.observe_reload_cancel()
             self.pool.set_limit(self.pool.base + self.pool.extra)
             self.sm.to(DraftState.OFFLOADED, f"pressure returned while reloading: reload cancelled after "
                        f"{p['duration_s']:.3f}s, its work discarded")
@@ -360,6 +364,7 @@ class ElasticMemoryManager:
             "draft_bytes": self.draft_bytes,
             "block_bytes": self.block_bytes,
             "reload_failures": self.reload_failures,
+            "reload_cancels": self.reload_cancels,
             "last_reload_s": self.last_reload_s,
             "worker": self.worker_info,
         }
