@@ -31,7 +31,8 @@ no-SD baseline there, reported as ``overall_vs_nosd_nodraft``.
 Per phase and overall: output tokens/s, TTFT/TPOT/E2E p50/p99, mean gamma and acceptance from the step
 log; gamma and draft-state timelines. Writes ``benchmarks/results/dynamic[/quick]/{table.md,dynamic.png,
 results.json}`` (``PAIR=qwen``: ``dynamic-qwen``). Last line:
-``RESULT worst_phase_vs_best_static=.. overall_vs_nosd=.. overall_vs_best_static=.. p99_tpot_vs_best_static=..``
+``RESULT worst_phase_vs_best_static=.. overall_vs_nosd=.. overall_vs_best_static=.. p99_tpot_vs_best_static=..
+p99_ttft_vs_best_static=..`` (plus ``overall_vs_nosd_nodraft`` when memory-tight).
 """
 
 from __future__ import annotations

@@ -152,23 +152,24 @@ def test_tuned_table_from_the_sweep():
     assert dl.table_from_best({}) == [[1, 1024, 0]]
 
 
-def summ(tok_s: float, tpot_p99: float = 0.05) -> dict:
-    return {"output_tok_s": tok_s, "tpot_p99_s": tpot_p99}
+def summ(tok_s: float, tpot_p99: float = 0.05, ttft_p99: float = 1.0) -> dict:
+    return {"output_tok_s": tok_s, "tpot_p99_s": tpot_p99, "ttft_p99_s": ttft_p99}
 
 
 def test_dynamic_ratios():
     phases = ["low", "high"]
     res = {
-        "nosd": {"low": summ(10), "high": summ(100), "overall": summ(40, 0.06)},
-        "static-2": {"low": summ(20), "high": summ(80), "overall": summ(45, 0.04)},
-        "nightjar": {"low": summ(19), "high": summ(99), "overall": summ(50, 0.05)},
+        "nosd": {"low": summ(10), "high": summ(100), "overall": summ(40, 0.06, 3.0)},
+        "static-2": {"low": summ(20), "high": summ(80), "overall": summ(45, 0.04, 4.0)},
+        "nightjar": {"low": summ(19), "high": summ(99), "overall": summ(50, 0.05, 1.5)},
         "oracle": {"low": summ(20), "high": summ(100), "overall": summ(52)},
     }
     r = dl.dynamic_ratios(res, phases)
     assert r["worst_phase_vs_best_static"] == pytest.approx(0.95)  # low: 19 / 20 (high: 99 / 100)
     assert r["overall_vs_nosd"] == pytest.approx(50 / 40)
     assert r["overall_vs_best_static"] == pytest.approx(50 / 45)
-    assert r["p99_tpot_vs_best_static"] == pytest.approx(0.05 / 0.04)
+    assert r["p99_tpot_vs_best_static"] == pytest.approx(0.05 / 0.04)  # lowest static p99, not that of the fastest
+    assert r["p99_ttft_vs_best_static"] == pytest.approx(1.5 / 3.0)
     assert r["oracle_fraction"] == pytest.approx(50 / 52)
     assert dl.dynamic_ratios({"nosd": res["nosd"]}, phases)["overall_vs_nosd"] is None
     assert "overall_vs_nosd_nodraft" not in r  # only a memory-tight run has the no-draft baseline

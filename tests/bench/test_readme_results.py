@@ -30,7 +30,7 @@ def test_generated_block_follows_the_results(tmp_path):
 
 
 def _dynamic(quick: bool, tok_s: float) -> str:
-    ph = {"output_tok_s": tok_s, "requests": 3, "tpot_p99_s": 0.5}
+    ph = {"output_tok_s": tok_s, "requests": 3, "tpot_p99_s": 0.5, "ttft_p99_s": 2.25}
     return json.dumps({
         "meta": {"pair": "qwen", "dtype": "float32", "quick": quick},
         "ratios": {"overall_vs_nosd": 1.0},
@@ -50,4 +50,4 @@ def test_every_dynamic_pair_has_a_section_full_run_first(tmp_path):
     assert "`benchmarks/results/dynamic/quick/`" in block
     assert "`benchmarks/results/dynamic-qwen/`" in block and "dynamic-qwen/quick" not in block
     rows = [" ".join(line.split()) for line in block.splitlines()]
-    assert "| nosd | 3.0 | 3.0 | 1.000 | 500 | 0.00 |" in rows  # the full run's figures
+    assert "| nosd | 3.0 | 3.0 | 1.000 | 2.2 | 500 | 0.00 |" in rows  # the full run's figures
