@@ -50,6 +50,7 @@ from typing import Any
 from nightjar_worker import loadgen
 from nightjar_worker.engine.step_stats import read_jsonl
 from nightjar_worker.serve import ServerProcess
+from nightjar_worker.sim.profile import CostProfile
 
 from benchmarks import common, dynamic_lib
 from benchmarks.serving import (
@@ -288,6 +289,7 @@ class Bench:
     def profile(self, steps_a: list) -> Path | None:
         if self.args.profile:
             self.meta["profile_source"] = str(self.args.profile)
+            self.note_oracle(CostProfile.load(self.args.profile))
             return self.args.profile
         sweep = [s for p in STATICS if p in self.meta.get("windows_unix", {})
                  for s in dynamic_lib.steps_between(steps_a, *self.meta["windows_unix"][p])]
@@ -312,10 +314,13 @@ class Bench:
                                 "switch_cost": [prof.switch_cost_fixed_s, prof.switch_cost_per_token_s],
                                 "draft_prefill_s_per_token": prof.draft_prefill_s_per_token,
                                 "prompt_tokens_per_output_token": prof.prompt_tokens_per_output_token}
+        self.note_oracle(prof)
+        return path
+
+    def note_oracle(self, prof: CostProfile) -> None:
         self.meta["oracle_gamma_per_batch"] = dynamic_lib.oracle_gammas(prof, prof.batch_sizes)
         print(f"profile: batches {prof.batch_sizes}, alpha {prof.alpha():.3f}; oracle gamma per batch "
               f"{self.meta['oracle_gamma_per_batch']}", flush=True)
-        return path
 
     def server_b(self, profile: Path | None) -> None:
         wanted = [p for p in SERVER_B if p in self.args.policies]
