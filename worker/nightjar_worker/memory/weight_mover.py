@@ -56,7 +56,6 @@ class MoveTask:
     bytes_moved: int = 0
     busy_s: float = 0.0  # time spent working (stepped: the sum of the slices)
     slices: int = 0
-    cancelled: bool = False  # stopped by cancel() (stepped only); error is CANCELLED
     _thread: threading.Thread | None = None
     _steps: Iterator[None] | None = None  # stepped mode: the remaining work, advanced by the caller
     _finish: Callable[[], None] | None = None
@@ -85,6 +84,11 @@ class MoveTask:
             self._finish()
         return self.done
 
+    @property
+    def cancelled(self) -> bool:
+        """Stopped by ``cancel()`` (stepped only)."""
+        return self.error == CANCELLED
+
     def cancel(self) -> bool:
         """Stepped mode: stop at once, between work items; the work discards what it did (a reload
         frees the weights it had brought back). A threaded task (CUDA: a reload of about a second)
@@ -92,7 +96,6 @@ class MoveTask:
         the draft resident on part of them. Returns whether the task was cancelled."""
         if self.done or self._steps is None:
             return False
-        self.cancelled = True
         self._steps.close()  # GeneratorExit at the paused item: the work's own cleanup runs
         self._steps = None
         self.error = CANCELLED
