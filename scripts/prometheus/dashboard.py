@@ -241,6 +241,15 @@ def overview() -> dict[str, Any]:
         [target(f"max by (nightjar_deployment, instance) (nightjar_planner_acceptance_gate_closed{{{S}}})",
                 "{{instance}}")], unit="short"), w=12, h=6)
     L.add(timeseries(
+        "Planner priors contradicted / s",
+        "Priors (a profiled pair's, or the fleet's) that a worker's own steps contradict "
+        "(nightjar_planner_prior_conflicts_total): dropped, one arm whose prior is wrong for this worker; "
+        "rescaled, a bucket whose arms are all off the same way (another machine, longer prompts, a batch "
+        "capped by memory), whose priors keep their shape at the worker's level. A steady rate says the "
+        "fleet's priors do not fit this worker.",
+        [target(f"sum by (action) (rate(nightjar_planner_prior_conflicts_total{{{S}}}[{RI}]))", "{{action}}")],
+        unit="short"), w=12, h=6)
+    L.add(timeseries(
         "Draft prefill charged per generated token",
         "What each worker's planner charges gamma > 0 per generated token for the running draft's prefill of "
         "the workload's prompts: learnt draft seconds per prompt token x prompt tokens per generated token "

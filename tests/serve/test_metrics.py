@@ -54,6 +54,16 @@ def test_planner_snapshot_formats():
     assert v("nightjar_planner_count", bucket="96", gamma="2") == 7.0
 
 
+def test_prior_conflicts_count_the_policy_increments_and_restart_with_a_new_policy():
+    m = WorkerMetrics()
+    d0, r0 = (v("nightjar_planner_prior_conflicts_total", action=a) for a in ("dropped", "rescaled"))
+    m.observe_prior_conflicts(2, 0)
+    m.observe_prior_conflicts(3, 1)
+    m.observe_prior_conflicts(1, 0)  # a rebuilt policy counts from 0
+    assert v("nightjar_planner_prior_conflicts_total", action="dropped") - d0 == 4
+    assert v("nightjar_planner_prior_conflicts_total", action="rescaled") - r0 == 1
+
+
 def test_draft_state_enum_and_transitions():
     m = WorkerMetrics()
     t0 = v("nightjar_draft_transitions_total", **{"from": "resident", "to": "offloading"})

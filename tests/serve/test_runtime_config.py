@@ -208,3 +208,31 @@ def test_engine_control_records_metrics_and_applies_updates(tmp_path, monkeypatc
     write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(policy="static", static_gamma=1)))
     assert ctl.watcher.check() and ctl.decide(4)[0] == 1
     ctl.close()
+
+
+def test_engine_control_counts_prior_conflicts(tmp_path, monkeypatch):
+    # A worker twice as slow as its priors on every arm: the planner rescales them to its level
+    # (nightjar_planner_prior_conflicts_total{action="rescaled"}), after dropping the first arm tried.
+    from nightjar_worker.engine.control import EngineControl
+    from nightjar_worker.engine.step_stats import StepStats
+
+    monkeypatch.delenv("NIGHTJAR_FORCE_GAMMA", raising=False)
+    loss = {0: 0.049, 1: 0.058, 2: 0.065, 3: 0.073, 4: 0.082}
+    priors = {"bucket_edges": [1, 16], "entries": [
+        {"bucket_lo": 16, "gamma": g, "mean_loss_s": m, "count": 16} for g, m in loss.items()]}
+    path = tmp_path / "c.yaml"
+    write_config_atomically(path, WorkerRuntimeConfig(priors=priors))
+    ctl = EngineControl(4, config_path=path, poll_s=0, snapshot_every_s=3600.0)
+    c0 = {a: REGISTRY.get_sample_value("nightjar_planner_prior_conflicts_total", {"action": a}) or 0.0
+          for a in ("dropped", "rescaled")}
+    for i in range(300):
+        g, _ = ctl.decide(16)
+        tokens = 16 + 8 * g  # half of the drafts accepted
+        ctl.observe(StepStats(step=i, batch_size=16, num_reqs=16, gamma=g, step_time_s=2 * loss[g] * tokens * (1 + 0.02 * (i % 3 - 1)),
+                              tokens_emitted=tokens, num_draft_tokens=16 * g, num_accepted_tokens=8 * g))
+    stats = ctl.policy.stats
+    assert stats.prior_rescales >= 1
+    for action, n in (("dropped", stats.priors_dropped), ("rescaled", stats.prior_rescales)):
+        got = REGISTRY.get_sample_value("nightjar_planner_prior_conflicts_total", {"action": action})
+        assert got - c0[action] == n
+    ctl.close()

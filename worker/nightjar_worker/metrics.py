@@ -81,6 +81,12 @@ planner_draft_prefill_prompt_seconds = Gauge(
     "else its priors'; 0 while unknown): a property of the pair and device, merged into the fleet's priors",
     multiprocess_mode=_MP,
 )
+planner_prior_conflicts_total = Counter(
+    "nightjar_planner_prior_conflicts_total",
+    "Planner priors contradicted by the worker's own evidence: an arm's prior dropped (action=dropped), or a "
+    "bucket's priors moved to the worker's level when every arm tried is off the same way (action=rescaled)",
+    ["action"],
+)
 batch_size = Histogram("nightjar_batch_size", "Requests in the decoding batch per step", buckets=BATCH_BUCKETS)
 planner_decision_seconds = Histogram(
     "nightjar_planner_decision_seconds", "Wall time of one policy decide() call", buckets=DECISION_BUCKETS
@@ -136,6 +142,9 @@ class WorkerMetrics:
         self._decay = acceptance_decay
         self._acc: dict[int, list[float]] = {}  # gamma -> [decayed accepted, decayed drafted]
         self._last_gamma: int | None = None
+        self._conflicts = (0, 0)  # the policy's cumulative (dropped, rescaled) last seen
+        for action in ("dropped", "rescaled"):  # present at 0, so rate() reads 0, not "no data"
+            planner_prior_conflicts_total.labels(action=action)
 
     # -- steps ---------------------------------------------------------------------------------------
     def observe_decision(self, seconds: float) -> None:
@@ -158,6 +167,14 @@ class WorkerMetrics:
         if prev is not None and (prev == 0) != (gamma == 0):
             switches_total.labels(direction="on" if gamma > 0 else "off").inc()
         self._last_gamma = gamma
+
+    def observe_prior_conflicts(self, dropped: int, rescaled: int) -> None:
+        """The policy's cumulative prior-conflict counts (``NightjarStats``); a count below the last
+        one seen is a new policy (a runtime config rebuilds it), counted from 0."""
+        for action, now, last in zip(("dropped", "rescaled"), (dropped, rescaled), self._conflicts, strict=True):
+            if now != last:
+                planner_prior_conflicts_total.labels(action=action).inc(now - last if now > last else now)
+        self._conflicts = (dropped, rescaled)
 
     def observe_switch_cost(self, seconds: float) -> None:
         switch_cost_seconds.observe(seconds)

@@ -163,6 +163,8 @@ class EngineControl:
         now = time.monotonic()
         with self.lock:
             self.policy.observe(fb)
+            pstats = getattr(self.policy, "stats", None)
+            conflicts = (pstats.priors_dropped, pstats.prior_rescales) if hasattr(pstats, "priors_dropped") else None
             snap = gate_closed = draft_prefill = None
             if self.metrics is not None and now - self._last_snapshot >= self._snapshot_every_s:
                 self._last_snapshot = now
@@ -176,6 +178,8 @@ class EngineControl:
             self.metrics.observe_step(stats.gamma, stats.batch_size, stats.num_draft_tokens, stats.num_accepted_tokens)
             if stats.catchup_s > 0:
                 self.metrics.observe_switch_cost(stats.catchup_s)
+            if conflicts is not None:
+                self.metrics.observe_prior_conflicts(*conflicts)
             if snap is not None:
                 self.metrics.set_planner_snapshot(snap)
             if gate_closed is not None:

@@ -91,6 +91,8 @@ class NightjarStats:
     switches_on: int = 0
     switches_off: int = 0
     switch_cost_s_ema: float = 0.0
+    priors_dropped: int = 0  # prior entries dropped for contradicting the arm's own evidence
+    prior_rescales: int = 0  # buckets' priors rescaled to the level of this worker's evidence
 
 
 class NightjarPolicy:
@@ -113,6 +115,7 @@ class NightjarPolicy:
         self._raw = [[0] * na for _ in range(nb)]  # undiscounted observations per bucket and arm
         self._n = [[0.0] * na for _ in range(nb)]
         self._s = [[0.0] * na for _ in range(nb)]
+        self._sl = [[0.0] * na for _ in range(nb)]  # sums of per-step losses and their squares: the noise
         self._ss = [[0.0] * na for _ in range(nb)]
         self._tok = [[0.0] * na for _ in range(nb)]
         self._tpot = [[0.0] * na for _ in range(nb)]
@@ -136,6 +139,8 @@ class NightjarPolicy:
         self._pn = [[0.0] * na for _ in range(nb)]  # priors (same scaling)
         self._ps = [[0.0] * na for _ in range(nb)]
         self._has_prior = [False] * nb
+        # priors dropped for conflict, per bucket: arm -> (prior mean, count), to recognise a level shift
+        self._dropped: list[dict[int, tuple[float, float]]] = [{} for _ in range(nb)]
         self._sched = [0] * nb  # steps the bucket's block/bin schedule has handed out
         # Hierarchical schedule per bucket.
         self._block_exp = [0] * nb
@@ -214,6 +219,7 @@ class NightjarPolicy:
         self._pn = [[0.0] * na for _ in range(nb)]
         self._ps = [[0.0] * na for _ in range(nb)]
         self._has_prior = [False] * nb
+        self._dropped = [{} for _ in range(nb)]
         self._prior_dps = priors.draft_prefill_s_per_token
         for (c, i), (n, s) in merged.items():
             k = min(n, cap) * self._w[c]
@@ -338,7 +344,8 @@ class NightjarPolicy:
             loss = t * scale
         self._raw[c][i] += 1
         self._n[c][i] += w
-        self._ss[c][i] += w * loss * loss  # per-step spread (about the ratio mean: a little wider)
+        self._sl[c][i] += w * loss
+        self._ss[c][i] += w * loss * loss
         self._tok[c][i] += w * tokens
         if self._paper:
             self._s[c][i] += w * t * scale  # mean of per-step losses
@@ -373,7 +380,7 @@ class NightjarPolicy:
 
     # -- internals -----------------------------------------------------------------------------
     def _rescale(self, c: int, w: float) -> None:
-        for arr in (self._n, self._s, self._ss, self._tok, self._tpot, self._sp, self._st, self._spt, self._pn,
+        for arr in (self._n, self._s, self._sl, self._ss, self._tok, self._tpot, self._sp, self._st, self._spt, self._pn,
                     self._ps):
             row = arr[c]
             for i in range(len(row)):
@@ -507,16 +514,21 @@ class NightjarPolicy:
             ts[i] += k * ratio * sd[i] / nd[i]
 
     def _cvs(self, c: int) -> list[float]:
-        """Relative noise (coefficient of variation) of each arm's loss in bucket c: the arm's own
-        estimate shrunk towards the bucket's pooled one (worth 3 observations), so one outlier in a
-        barely tried arm widens its interval instead of being trusted."""
-        n, s, ss = self._n[c], self._corrected(c), self._ss[c]
+        """Relative noise (coefficient of variation) of each arm's per-step loss in bucket c: the
+        arm's own estimate shrunk towards the bucket's pooled one (worth 3 observations), so one
+        outlier in a barely tried arm widens its interval instead of being trusted.
+
+        The spread is about the mean of the per-step losses, not about the arm's ratio-of-sums
+        mean (``s / n``), which differs from it whenever tokens per step vary: measured about the
+        latter, the variance came out negative on steady noisy arms, was clipped to 0, and the
+        intervals collapsed (every small difference a conflict)."""
+        n, sl, ss = self._n[c], self._sl[c], self._ss[c]
         inv = 1.0 / self._w[c]
         own: list[float | None] = []
         num = den = 0.0
         for i in range(len(n)):
-            if n[i] * inv >= 2.0 and s[i] > 0:
-                m = s[i] / n[i]
+            if n[i] * inv >= 2.0 and sl[i] > 0:
+                m = sl[i] / n[i]
                 v = max(ss[i] / n[i] - m * m, 0.0) / (m * m)
                 own.append(v)
                 num += n[i] * v
@@ -671,7 +683,7 @@ class NightjarPolicy:
 
         self._exploring[c] = False
         if self._has_prior[c]:
-            self._drop_conflicting_priors(c)
+            self._reconcile_priors(c)
         means, counts = self._estimates(c)
         cand = self._gated(self._feasible(c))
         eff = [
@@ -715,25 +727,63 @@ class NightjarPolicy:
         self._arm[c] = choice
         return choice
 
-    def _drop_conflicting_priors(self, c: int) -> None:
-        """Prior-data conflict: once an arm's own mean lies outside what its prior allows (z
-        standard errors of both, with the bucket's own noise), the prior is wrong for this worker
-        (another workload, another machine) and is dropped, so a wrong prior costs a few
-        observations of that arm, not the time it takes the discount to erode it."""
+    def _reconcile_priors(self, c: int) -> None:
+        """Prior-data conflict: an arm's own mean lies outside what its prior allows (z standard
+        errors of both, with the bucket's own noise).
+
+        * Level shift: every arm with own evidence (two at least: one arm cannot tell a wrong level
+          from a wrong arm) is off in the same direction, its dropped prior counted. The priors'
+          shape across arms still holds and only their level is off (a slower machine, longer
+          prompts, a batch that memory caps below the requests waiting), so all of the bucket's
+          priors are rescaled by the evidence-weighted geometric mean of own / prior and the
+          dropped ones come back. Dropping arm by arm instead made each arm whose prior was still
+          standing look better than the arms already tried, and the bucket played them in turn
+          (on the memory-tight Qwen run: gamma 1, then 2, at batch 40, each until its own prior
+          was dropped).
+        * Otherwise the conflicting arms' priors are wrong for this worker and are dropped, so a
+          wrong prior costs a few observations of that arm, not the time it takes the discount
+          to erode it; they are kept aside to recognise a level shift later."""
         inv = 1.0 / self._w[c]
         n, pn, ps = self._n[c], self._pn[c], self._ps[c]
-        cv = None
+        dropped = self._dropped[c]
         z = self.config.confidence_z
         s = self._corrected(c)
+        cv = None
+        judged = []  # (arm, own mean, prior mean, own count, conflicts)
         for i in range(len(n)):
-            k, kp = n[i] * inv, pn[i] * inv
-            if kp <= 0 or k < 2.0 or s[i] <= 0:
+            k = n[i] * inv
+            if k < 2.0 or s[i] <= 0:
+                continue
+            if pn[i] > 0:
+                prior, kp = ps[i] / pn[i], pn[i] * inv
+            elif i in dropped:
+                prior, kp = dropped[i]
+            else:
                 continue
             if cv is None:
                 cv = self._cvs(c)
-            own, prior = s[i] / n[i], ps[i] / pn[i]
-            if abs(own - prior) > z * cv[i] * max(own, prior) * math.sqrt(1.0 / k + 1.0 / kp):
-                pn[i] = ps[i] = 0.0
+            own = s[i] / n[i]
+            bad = abs(own - prior) > z * cv[i] * max(own, prior) * math.sqrt(1.0 / k + 1.0 / kp)
+            judged.append((i, own, prior, k, bad))
+        if not any(bad and pn[i] > 0 for i, _, _, _, bad in judged):
+            return
+        st = self.stats
+        same_way = len({own > prior for _, own, prior, _, _ in judged}) == 1
+        if len(judged) >= 2 and same_way and all(bad for *_, bad in judged):
+            r = math.exp(sum(k * math.log(own / prior) for _, own, prior, k, _ in judged) / sum(j[3] for j in judged))
+            for i in range(len(pn)):
+                ps[i] *= r
+            for i, (prior, kp) in dropped.items():
+                pn[i] = kp * self._w[c]
+                ps[i] = pn[i] * prior * r
+            dropped.clear()
+            st.prior_rescales += 1
+        else:
+            for i, _, prior, _, bad in judged:
+                if bad and pn[i] > 0:
+                    dropped[i] = (prior, pn[i] * inv)
+                    pn[i] = ps[i] = 0.0
+                    st.priors_dropped += 1
         self._has_prior[c] = any(x > 0 for x in pn)
 
     def _pick_exploration(
