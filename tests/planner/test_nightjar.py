@@ -464,21 +464,22 @@ def test_a_wrong_arm_is_dropped_not_rescaled():
     assert entry[(4, 3)] == pytest.approx(LOSS_B4[3], rel=0.1)
 
 
-def test_noise_estimate_is_the_spread_of_per_step_losses():
-    # Drafts all rejected, then all accepted: tokens per step vary, so the per-token mean (a ratio of
-    # sums) differs from the mean of per-step losses; the noise must be measured about the latter
-    # (about the former it came out 2x too wide here, and clipped to 0 where the sign flipped).
+def test_noise_estimate_is_that_of_the_per_token_mean():
+    # Drafts all rejected, then all accepted: tokens per step vary. The planner's mean is a ratio of
+    # sums (time / tokens), so its noise is that of the residuals time - mean x tokens (delta method).
+    # Measured as the spread of per-step losses about that mean, it came out 2.4x too wide here, and
+    # negative (clipped to 0: zero-width intervals) where the per-step mean lay above it.
     pol = build_policy(PlannerConfig(seed=0))
     rng = random.Random(0)
-    losses = []
+    steps = []
     for k in range(400):
         tokens = (4, 12)[k % 2]
         t = (0.4 if tokens == 4 else 0.5) * (1 + 0.05 * rng.gauss(0.0, 1.0))
-        losses.append(t / tokens)
+        steps.append((t, tokens))
         pol.observe(StepFeedback(batch_size=4, gamma=2, step_time_s=t, tokens_emitted=tokens, num_draft_tokens=8,
                                  num_accepted_tokens=tokens - 4))
-    mean = sum(losses) / len(losses)
-    cv = (sum((x - mean) ** 2 for x in losses) / len(losses)) ** 0.5 / mean
+    r = sum(t for t, _ in steps) / sum(b for _, b in steps)
+    cv = (len(steps) * sum((t - r * b) ** 2 for t, b in steps)) ** 0.5 / sum(t for t, _ in steps)
     assert pol._cvs(pol._lut[4])[pol._arm_idx[2]] == pytest.approx(cv, rel=0.05)
 
 

@@ -41,12 +41,12 @@ def test_entries_are_the_profile_loss_at_each_lower_edge_within_its_range(prof):
 
 def test_a_planner_warm_started_from_the_profile_learns_with_less_regret(prof):
     # The first 3000 steps of the regret environment: exploring a cold bucket costs, a warm one
-    # plays what the profile says and only confirms it. Twelve seeds: one run's regret is mostly
+    # plays what the profile says and only confirms it. Many seeds: one run's regret is mostly
     # whether a near tie (an arm vs turning speculation off) locks in for a few hundred steps, so
-    # it ranges over two orders of magnitude from seed to seed, warm or cold.
+    # it ranges over two orders of magnitude from seed to seed, warm or cold (24 seeds: 0.35).
     wl = Workload().category_weights()
     regret = {False: 0.0, True: 0.0}
-    for seed in range(12):
+    for seed in range(24):
         cfg = PlannerConfig(max_gamma=4, max_batch=prof.max_batch, seed=seed)
         env = RegretEnv(prof, wl, cfg.resolved_arms(), batch_contexts(3000, seed, prof.max_batch), seed=seed)
         best = sum(env.run(OraclePolicy(cfg, prof, wl)).losses_s)  # each run replays the same noise

@@ -115,8 +115,12 @@ class NightjarPolicy:
         self._raw = [[0] * na for _ in range(nb)]  # undiscounted observations per bucket and arm
         self._n = [[0.0] * na for _ in range(nb)]
         self._s = [[0.0] * na for _ in range(nb)]
-        self._sl = [[0.0] * na for _ in range(nb)]  # sums of per-step losses and their squares: the noise
-        self._ss = [[0.0] * na for _ in range(nb)]
+        # noise of the per-token mean (a ratio of sums, time / tokens): sums of a, a^2, a*b, b^2 with
+        # a = the step's loss x its tokens, b = its tokens
+        self._sa = [[0.0] * na for _ in range(nb)]
+        self._saa = [[0.0] * na for _ in range(nb)]
+        self._sab = [[0.0] * na for _ in range(nb)]
+        self._sbb = [[0.0] * na for _ in range(nb)]
         self._tok = [[0.0] * na for _ in range(nb)]
         self._tpot = [[0.0] * na for _ in range(nb)]
         # Prefill correction: prompt tokens per generated token (batch-normalised) times the count,
@@ -344,8 +348,11 @@ class NightjarPolicy:
             loss = t * scale
         self._raw[c][i] += 1
         self._n[c][i] += w
-        self._sl[c][i] += w * loss
-        self._ss[c][i] += w * loss * loss
+        a = loss * tokens
+        self._sa[c][i] += w * a
+        self._saa[c][i] += w * a * a
+        self._sab[c][i] += w * a * tokens
+        self._sbb[c][i] += w * tokens * tokens
         self._tok[c][i] += w * tokens
         if self._paper:
             self._s[c][i] += w * t * scale  # mean of per-step losses
@@ -380,7 +387,7 @@ class NightjarPolicy:
 
     # -- internals -----------------------------------------------------------------------------
     def _rescale(self, c: int, w: float) -> None:
-        for arr in (self._n, self._s, self._sl, self._ss, self._tok, self._tpot, self._sp, self._st, self._spt, self._pn,
+        for arr in (self._n, self._s, self._sa, self._saa, self._sab, self._sbb, self._tok, self._tpot, self._sp, self._st, self._spt, self._pn,
                     self._ps):
             row = arr[c]
             for i in range(len(row)):
@@ -514,22 +521,24 @@ class NightjarPolicy:
             ts[i] += k * ratio * sd[i] / nd[i]
 
     def _cvs(self, c: int) -> list[float]:
-        """Relative noise (coefficient of variation) of each arm's per-step loss in bucket c: the
-        arm's own estimate shrunk towards the bucket's pooled one (worth 3 observations), so one
-        outlier in a barely tried arm widens its interval instead of being trusted.
+        """Relative noise of each arm's per-token mean in bucket c, per observation (its standard
+        error is cv / sqrt(n)): the arm's own estimate shrunk towards the bucket's pooled one (worth
+        3 observations), so one outlier in a barely tried arm widens its interval instead of being
+        trusted.
 
-        The spread is about the mean of the per-step losses, not about the arm's ratio-of-sums
-        mean (``s / n``), which differs from it whenever tokens per step vary: measured about the
-        latter, the variance came out negative on steady noisy arms, was clipped to 0, and the
-        intervals collapsed (every small difference a conflict)."""
-        n, sl, ss = self._n[c], self._sl[c], self._ss[c]
+        The mean is a ratio of sums, R = sum(a) / sum(b) (a = a step's loss x tokens, b = its
+        tokens), so the noise is that of the residuals a - R b over the mean b (the delta method):
+        steps that emit many tokens weigh more. The spread of per-step losses about R, as before,
+        is not that; with a per-step mean different from R it came out negative, was clipped to 0,
+        and the intervals collapsed (every small difference a conflict)."""
+        n, tok, sa, saa, sab, sbb = self._n[c], self._tok[c], self._sa[c], self._saa[c], self._sab[c], self._sbb[c]
         inv = 1.0 / self._w[c]
         own: list[float | None] = []
         num = den = 0.0
         for i in range(len(n)):
-            if n[i] * inv >= 2.0 and sl[i] > 0:
-                m = sl[i] / n[i]
-                v = max(ss[i] / n[i] - m * m, 0.0) / (m * m)
+            if n[i] * inv >= 2.0 and sa[i] > 0:
+                r = sa[i] / tok[i]
+                v = max(saa[i] - 2.0 * r * sab[i] + r * r * sbb[i], 0.0) * n[i] / (sa[i] * sa[i])
                 own.append(v)
                 num += n[i] * v
                 den += n[i]
