@@ -387,8 +387,8 @@ class NightjarPolicy:
 
     # -- internals -----------------------------------------------------------------------------
     def _rescale(self, c: int, w: float) -> None:
-        for arr in (self._n, self._s, self._sa, self._saa, self._sab, self._sbb, self._tok, self._tpot, self._sp, self._st, self._spt, self._pn,
-                    self._ps):
+        for arr in (self._n, self._s, self._sa, self._saa, self._sab, self._sbb, self._tok, self._tpot, self._sp,
+                    self._st, self._spt, self._pn, self._ps):
             row = arr[c]
             for i in range(len(row)):
                 row[i] /= w
@@ -779,7 +779,8 @@ class NightjarPolicy:
         st = self.stats
         same_way = len({own > prior for _, own, prior, _, _ in judged}) == 1
         if len(judged) >= 2 and same_way and all(bad for *_, bad in judged):
-            r = math.exp(sum(k * math.log(own / prior) for _, own, prior, k, _ in judged) / sum(j[3] for j in judged))
+            log_r = sum(k * math.log(own / prior) for _, own, prior, k, _ in judged) / sum(j[3] for j in judged)
+            r = math.exp(log_r)
             for i in range(len(pn)):
                 ps[i] *= r
             for i, (prior, kp) in dropped.items():
