@@ -779,8 +779,8 @@ class NightjarPolicy:
         st = self.stats
         same_way = len({own > prior for _, own, prior, _, _ in judged}) == 1
         if len(judged) >= 2 and same_way and all(bad for *_, bad in judged):
-            log_r = sum(k * math.log(own / prior) for _, own, prior, k, _ in judged) / sum(j[3] for j in judged)
-            r = math.exp(log_r)
+            weight = sum(k for _, _, _, k, _ in judged)
+            r = math.exp(sum(k * math.log(own / prior) for _, own, prior, k, _ in judged) / weight)
             for i in range(len(pn)):
                 ps[i] *= r
             for i, (prior, kp) in dropped.items():
