@@ -43,7 +43,9 @@ def test_a_planner_warm_started_from_the_profile_learns_with_less_regret(prof):
     # The first 3000 steps of the regret environment: exploring a cold bucket costs, a warm one
     # plays what the profile says and only confirms it. Many seeds: one run's regret is mostly
     # whether a near tie (an arm vs turning speculation off) locks in for a few hundred steps, so
-    # it ranges over two orders of magnitude from seed to seed, warm or cold (24 seeds: 0.35).
+    # it ranges over two orders of magnitude from seed to seed, warm or cold. 24 seeds: warm 0.60 %
+    # of the oracle's time against cold 2.02 % (ratio 0.30); before turning the draft off was
+    # priced by the context's excursions, 1.55 % against 4.38 % (0.35).
     wl = Workload().category_weights()
     regret = {False: 0.0, True: 0.0}
     for seed in range(24):

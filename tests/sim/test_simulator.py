@@ -205,6 +205,21 @@ def test_regret_is_small_where_the_batch_walks_across_the_crossover(seed):
     assert (sum(run.losses_s) - sum(oracle.losses_s)) / oracle.time_s < 0.015
 
 
+@pytest.mark.parametrize("seed", [5, 7])
+def test_gamma_1_does_not_lock_in_where_the_draft_is_mostly_on(seed):
+    # The same profile over 150k steps, on the two traces where gamma 1 once locked in at batches
+    # 12-16 (4.3 and 4.5 % of the oracle's time): the draft was mostly on, so its runs off were
+    # short and turning it off was priced at a resume every ~40 steps, as much as gamma 0 saves.
+    # Turning off is now priced by how long the context stays above the batch where resuming pays.
+    p = CostProfile.load(QWEN_CPU)
+    wl = Workload().category_weights()
+    cfg = PlannerConfig(max_gamma=4, max_batch=p.max_batch, seed=seed)
+    env = RegretEnv(p, wl, cfg.resolved_arms(), batch_contexts(150_000, seed, p.max_batch), seed=seed)
+    oracle = env.run(OraclePolicy(cfg, p, wl))
+    run = env.run(build_policy(cfg, p))
+    assert (sum(run.losses_s) - sum(oracle.losses_s)) / oracle.time_s < 0.01
+
+
 def test_engine_lag_report_is_what_a_resume_catches_up(prof):
     # At gamma 0 the simulator reports, as the engine does, what the draft lacks of the running
     # requests before the step; a resume right after catches up on that plus the step's tokens.

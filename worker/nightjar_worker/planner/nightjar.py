@@ -23,6 +23,9 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
     missed while off (least squares over observed switches) plus the bucket's pipeline-fill excess
     (learnt per bucket: it grows with the batch, not with the missed tokens), and charged to the
     decision that flips speculation on/off, amortised over the dwell (exploitation) or the visit (exploration);
+    a turn-off's dwell is how long the context stays above the batch where resuming pays (the
+    context's own excursions), not only the off-runs of the policy as it stands, which under a
+    mostly-on policy are short and priced a profitable turn-off out;
     the paper instead folds it into the loss of the switching step, which makes that arm look
     bad in whichever bucket happened to switch;
   * ``normalise_batch``: the loss is learnt as loss * batch / bucket_lo (per-token loss falls like
@@ -70,6 +73,7 @@ _ESTABLISHED = 32.0  # effective observations before a bucket's best arm constra
 _MIN_ELIMINATE = 4.0  # an arm is never ruled out on fewer (effective) observations
 _LAG_DECAY = 1.0 - 1.0 / 256
 _MAX_DWELL = 1024  # cap on the amortisation horizon of a flip (steps)
+_EXC_RATE = 0.1  # moving-mean rate of the context's excursion lengths
 _MIN_REGRESSION = 20  # prefill-slope samples before a draft-on/off specific slope is trusted
 _MIN_PREFILL_STEPS = 3  # steps with prompt tokens, per draft state, before the draft's prefill cost is learnt
 _RHO_DECAY = 1.0 - 1.0 / 2048  # prompt/generated token sums (the workload's mix: slow to change)
@@ -161,6 +165,17 @@ class NightjarPolicy:
         # moving mean length of the runs with speculation off [0] and on [1]: how long a flip into
         # that state is expected to last, the horizon over which its C_switch amortises
         self._dwell = [float(config.switch_amortise_steps)] * 2
+        # The context's own excursions, per bucket: moving mean length of its runs at or above the
+        # bucket [0] and at or below it [1]. The draft, once off, stays off until the context falls
+        # to a bucket where resuming pays: a turn-off's run is an excursion above that bucket, and
+        # a resume there amortises over the stay below (_off_run). The policy's own runs (_dwell)
+        # only say what its current choices produce: short off-runs under a mostly-on policy.
+        self._ctx = -1  # bucket of the last observed step
+        self._steps = 0  # observed steps
+        self._exc_start = [[0] * nb, [0] * nb]
+        self._exc = [[float(config.switch_amortise_steps)] * nb for _ in range(2)]
+        # per bucket, gamma 0's mean less the best drafting arm's at its last bin (bucket units)
+        self._on_gain: list[float | None] = [None] * nb
         self._switch_ema: float | None = None
         self._sw = [0.0] * 5  # catch-up regression sums: n, x, y, xx, xy (x = missed tokens)
         self._fill_cost: list[float | None] = [None] * nb  # pipeline-fill excess on resume, per bucket
@@ -268,11 +283,36 @@ class NightjarPolicy:
         self._last_gamma = g
         return g
 
+    def _cross(self, c: int) -> None:
+        """The context moved from bucket self._ctx to c: close the excursions it left (at or above
+        the buckets it fell below, at or below those it rose above) and open the ones it entered."""
+        prev, now, start, exc = self._ctx, self._steps, self._exc_start, self._exc
+        self._ctx = c
+        if prev < 0:
+            for k in range(len(self._edges)):
+                start[0][k] = start[1][k] = now
+            return
+        lo, hi = (prev, c) if c > prev else (c, prev)
+        up = c > prev
+        for k in range(lo + 1, hi + 1):  # thresholds crossed for "at or above k"
+            if up:
+                start[0][k] = now
+            else:
+                exc[0][k] += _EXC_RATE * (min(now - start[0][k], _MAX_DWELL) - exc[0][k])
+        for k in range(lo, hi):  # and for "at or below k"
+            if up:
+                exc[1][k] += _EXC_RATE * (min(now - start[1][k], _MAX_DWELL) - exc[1][k])
+            else:
+                start[1][k] = now
+
     def observe(self, feedback: StepFeedback) -> None:
         fb = feedback
         lut = self._lut
         b = fb.batch_size
         c = lut[b] if 0 <= b < len(lut) else lut[-1]
+        self._steps += 1
+        if c != self._ctx:
+            self._cross(c)
         # Pipeline fill: drafts proposed in one step are verified in the next, so a step that raises
         # gamma verifies only the previous step's drafts (none when the draft was off: one token per
         # request, plus the drafting). It is not the arm's steady state and is not learnt as such;
@@ -614,7 +654,8 @@ class NightjarPolicy:
         if horizon is None:
             # not the current run's length: a long pause says nothing about how long the next
             # run lasts (amortising a resume over it made resumes look cheap after long pauses)
-            h = int(max(self.config.switch_amortise_steps, self._dwell[on]))
+            run = self._dwell[1] if on else max(self._dwell[0], self._off_run(c, per_step))
+            h = int(max(self.config.switch_amortise_steps, run))
         else:
             h = max(horizon, 1)
         if on:
@@ -629,6 +670,26 @@ class NightjarPolicy:
             return 0.0
         pen = cost / (h * per_step)
         return self._in_bucket_units(c, pen)
+
+    def _off_run(self, c: int, per_step: float) -> float:
+        """Expected steps the draft stays off if it turns off in bucket c: until the context falls
+        to a bucket where resuming pays (its best drafting arm beats gamma 0 by more than a resume
+        amortised over the context's stay at or below it), i.e. the context's excursion above the
+        highest such bucket below c; no such bucket: off for good."""
+        cost = self._switch_ema
+        if cost is None:
+            cost = self._predict_switch(self._lag_after(int(self._dwell[0]), per_step), c)
+        for r in range(c - 1, -1, -1):
+            gain = self._on_gain[r]
+            if gain is None or gain <= 0:
+                continue
+            i0 = self._arm_idx[0]  # a gain is only recorded when gamma 0 is an arm
+            n = self._n[r][i0]
+            tok = max(self._tok[r][i0] / n if n > 0 else float(self._edges[r]), 1.0)
+            pen = self._in_bucket_units(r, cost / (max(self._exc[1][r], 1.0) * tok))
+            if gain > pen:
+                return self._exc[0][r + 1]
+        return float(_MAX_DWELL)
 
     def _guard_flip(self, c: int, a: int) -> int:
         """The held arm would turn speculation on/off (e.g. the batch crossed into a bucket whose bin
@@ -694,6 +755,10 @@ class NightjarPolicy:
         if self._has_prior[c]:
             self._reconcile_priors(c)
         means, counts = self._estimates(c)
+        i0 = self._arm_idx.get(0)
+        on = [m for i, m in enumerate(means) if m is not None and self._arms[i] > 0]
+        m0 = means[i0] if i0 is not None else None
+        self._on_gain[c] = m0 - min(on) if on and m0 is not None else None
         cand = self._gated(self._feasible(c))
         eff = [
             (means[i] + self._switch_penalty(c, i, counts)) if means[i] is not None else None
