@@ -189,6 +189,17 @@ def test_regret_helpers(prof):
 QWEN_CPU = ROOT / "benchmarks" / "profiles" / "cpu-qwen2.5-coder-1.5b-0.5b-fp32.json"
 
 
+def _qwen_regret_share(seed: int, steps: int) -> float:
+    """Nightjar's regret on the measured Qwen CPU profile, as a share of the oracle's time."""
+    p = CostProfile.load(QWEN_CPU)
+    wl = Workload().category_weights()
+    cfg = PlannerConfig(max_gamma=4, max_batch=p.max_batch, seed=seed)
+    env = RegretEnv(p, wl, cfg.resolved_arms(), batch_contexts(steps, seed, p.max_batch), seed=seed)
+    oracle = env.run(OraclePolicy(cfg, p, wl))
+    run = env.run(build_policy(cfg, p))
+    return (sum(run.losses_s) - sum(oracle.losses_s)) / oracle.time_s
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_regret_is_small_where_the_batch_walks_across_the_crossover(seed):
     # The measured Qwen CPU profile: speculation pays below batch ~8, not at 12-16, and C_switch is a
@@ -196,13 +207,7 @@ def test_regret_is_small_where_the_batch_walks_across_the_crossover(seed):
     # the lag extrapolated from a full batch (4x what resumes cost: they happen at small batches,
     # whose running contexts bound the catch-up) and amortised a resume over the pause before it;
     # it kept gamma 1 through batches 8-16 and paid ~4.5 % of the oracle's time (linear regret).
-    p = CostProfile.load(QWEN_CPU)
-    wl = Workload().category_weights()
-    cfg = PlannerConfig(max_gamma=4, max_batch=p.max_batch, seed=seed)
-    env = RegretEnv(p, wl, cfg.resolved_arms(), batch_contexts(20_000, seed, p.max_batch), seed=seed)
-    oracle = env.run(OraclePolicy(cfg, p, wl))
-    run = env.run(build_policy(cfg, p))
-    assert (sum(run.losses_s) - sum(oracle.losses_s)) / oracle.time_s < 0.015
+    assert _qwen_regret_share(seed, 20_000) < 0.015
 
 
 @pytest.mark.parametrize("seed", [5, 7])
@@ -211,13 +216,7 @@ def test_gamma_1_does_not_lock_in_where_the_draft_is_mostly_on(seed):
     # 12-16 (4.3 and 4.5 % of the oracle's time): the draft was mostly on, so its runs off were
     # short and turning it off was priced at a resume every ~40 steps, as much as gamma 0 saves.
     # Turning off is now priced by how long the context stays above the batch where resuming pays.
-    p = CostProfile.load(QWEN_CPU)
-    wl = Workload().category_weights()
-    cfg = PlannerConfig(max_gamma=4, max_batch=p.max_batch, seed=seed)
-    env = RegretEnv(p, wl, cfg.resolved_arms(), batch_contexts(150_000, seed, p.max_batch), seed=seed)
-    oracle = env.run(OraclePolicy(cfg, p, wl))
-    run = env.run(build_policy(cfg, p))
-    assert (sum(run.losses_s) - sum(oracle.losses_s)) / oracle.time_s < 0.01
+    assert _qwen_regret_share(seed, 150_000) < 0.01
 
 
 def test_engine_lag_report_is_what_a_resume_catches_up(prof):
