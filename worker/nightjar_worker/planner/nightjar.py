@@ -649,8 +649,7 @@ class NightjarPolicy:
         on = self._arms[i] > 0
         if on == (self._last_gamma > 0):
             return 0.0
-        n = self._n[c][i]
-        per_step = max(self._tok[c][i] / n if n > 0 else float(self._edges[c]), 1.0)
+        per_step = self._tokens_per_step(c, i)
         if horizon is None:
             # not the current run's length: a long pause says nothing about how long the next
             # run lasts (amortising a resume over it made resumes look cheap after long pauses)
@@ -671,6 +670,11 @@ class NightjarPolicy:
         pen = cost / (h * per_step)
         return self._in_bucket_units(c, pen)
 
+    def _tokens_per_step(self, c: int, i: int) -> float:
+        """Tokens a step of arm i emits in bucket c (the bucket's lower edge until it has played)."""
+        n = self._n[c][i]
+        return max(self._tok[c][i] / n if n > 0 else float(self._edges[c]), 1.0)
+
     def _off_run(self, c: int, per_step: float) -> float:
         """Expected steps the draft stays off if it turns off in bucket c: until the context falls
         to a bucket where resuming pays (its best drafting arm beats gamma 0 by more than a resume
@@ -679,13 +683,12 @@ class NightjarPolicy:
         cost = self._switch_ema
         if cost is None:
             cost = self._predict_switch(self._lag_after(int(self._dwell[0]), per_step), c)
+        i0 = self._arm_idx.get(0)  # a gain is only recorded when gamma 0 is an arm
         for r in range(c - 1, -1, -1):
             gain = self._on_gain[r]
             if gain is None or gain <= 0:
                 continue
-            i0 = self._arm_idx[0]  # a gain is only recorded when gamma 0 is an arm
-            n = self._n[r][i0]
-            tok = max(self._tok[r][i0] / n if n > 0 else float(self._edges[r]), 1.0)
+            tok = self._tokens_per_step(r, i0)
             pen = self._in_bucket_units(r, cost / (max(self._exc[1][r], 1.0) * tok))
             if gain > pen:
                 return self._exc[0][r + 1]
