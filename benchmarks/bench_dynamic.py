@@ -419,7 +419,10 @@ class Bench:
                              f"{fmt_s(s['e2e_p50_s'])}/{fmt_s(s['e2e_p99_s'])}",
                              common.fmt(st["mean_gamma"], 3) if st["mean_gamma"] is not None else "-",
                              common.fmt(st["mean_batch"], 3) if st["mean_batch"] is not None else "-",
-                             common.fmt(st["acceptance"], 3) if st["acceptance"] is not None else "-"])
+                             common.fmt(st["acceptance"], 3) if st["acceptance"] is not None else "-",
+                             round(st["busy_s"], 1) if st.get("busy_s") is not None else "-",
+                             f"{st['prompt_tokens_draft_on']:.0f}/{st['prompt_tokens']:.0f}"
+                             if st.get("prompt_tokens") is not None else "-"])
         missing = [p for p in [*STATICS, "vllm-table", "dsd", "ucb", "oracle", "nightjar-no-offload", "nightjar",
                                *(["nosd-nodraft"] if self.meta.get("kv_base_blocks") else [])] if p not in self.results]
         notes = "\n".join(f"- {n}" for n in self.meta["notes"])
@@ -431,7 +434,8 @@ class Bench:
                   "tok/s = output tokens of the requests arriving in the phase over their span; "
                   "window tok/s = tokens the server emitted while the phase lasted over its length (step log; "
                   "the last phase's window runs through the drain); "
-                  "mean gamma/acceptance from the worker's step log (steps ending in the phase)")
+                  "mean gamma/acceptance from the worker's step log (steps ending in the phase); busy s = step "
+                  "times plus catch-ups in the phase; prompt tok = prompt tokens prefilled with the draft on / all")
         if self.meta.get("kv_base_blocks"):
             notes += (f"\n- memory-tight: {self.meta['kv_base_blocks']} KV blocks of {self.meta.get('block_tokens')} "
                       "tokens while the draft is resident (server A pins it: every static gamma, no-SD included, and "
@@ -449,7 +453,7 @@ class Bench:
             f"bench-dynamic ({self.args.pair} pair{', QUICK' if self.args.quick else ''}, "
             f"trace {' -> '.join(self.names)}, {self.windows[-1][2]:.0f} s per policy)",
             ["policy", "phase", "req", "err", "tok/s", "window tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "E2E p50/p99 s",
-             "mean gamma", "mean batch", "accept"], rows, self.out / "table.md", notes=notes)
+             "mean gamma", "mean batch", "accept", "busy s", "prompt tok"], rows, self.out / "table.md", notes=notes)
         self.plot()
         common.write_json(self.out / "results.json", {"meta": self.meta, "ratios": ratios, "results": self.results,
                                                       "steps": self.steps, "timelines": self.timelines})

@@ -119,7 +119,11 @@ def step_phase_stats(
     acceptance (accepted / drafted) from the worker's step log of one run starting at ``unix0``, and
     ``window_tok_s``: tokens the server emitted in the phase's windows over their length (given the
     run's end ``unix1``, the last phase's window runs on through the drain). It is the delivered
-    throughput while the phase lasted, whoever's requests the tokens belonged to."""
+    throughput while the phase lasted, whoever's requests the tokens belonged to.
+
+    ``busy_s`` (step times plus catch-ups) and the prompt tokens prefilled, all and with the draft on
+    (``prompt_tokens_draft_on``: a step at gamma > 0 prefills the draft too), say where a policy
+    spent its time: by-arrival throughput of a short phase moves with a few requests' timing."""
     acc: dict[str, list[StepStats]] = defaultdict(list)
     end = windows[-1][2] if windows else 0.0
     run_end = max(end, unix1 - unix0) if unix1 is not None else end
@@ -148,6 +152,9 @@ def step_phase_stats(
             "mean_batch": statistics.fmean(s.batch_size for s in ss) if ss else None,
             "acceptance": sum(s.num_accepted_tokens for s in ss) / drafted if drafted else None,
             "window_tok_s": sum(s.tokens_emitted for s in ss) / span[name] if span[name] > 0 else None,
+            "busy_s": sum(s.step_time_s + s.catchup_s for s in ss),
+            "prompt_tokens": float(sum(s.num_prefill_tokens for s in ss)),
+            "prompt_tokens_draft_on": float(sum(s.num_prefill_tokens for s in ss if s.gamma > 0)),
         }
     return out
 

@@ -78,6 +78,11 @@ def test_step_phase_stats_per_window():
     # window throughput: tokens emitted in the phase's windows over their length
     assert s["low"]["window_tok_s"] == pytest.approx(1 / 10) and s["high"]["window_tok_s"] == pytest.approx(16 / 10)
     assert s["saw"]["window_tok_s"] == pytest.approx(2 / 10) and s["overall"]["window_tok_s"] == pytest.approx(20 / 40)
+    # where the time went: step times plus catch-ups, prompt tokens prefilled with the draft on / all
+    p = dl.step_phase_stats([step(101, 4, 2, 0.5, 4, prefill=90, catchup_s=0.25), step(102, 4, 0, 0.2, 4, prefill=30),
+                             step(103, 4, 1, 0.3, 6)], 100.0, w)
+    assert p["low"]["busy_s"] == pytest.approx(1.25)
+    assert (p["low"]["prompt_tokens_draft_on"], p["low"]["prompt_tokens"]) == (90, 120)
     # given the run's end, the last phase's window runs on through the drain
     d = dl.step_phase_stats(steps, 100.0, w, unix1=150.0)
     assert d["saw"]["steps"] == 2 and d["saw"]["window_tok_s"] == pytest.approx(3 / 30)
