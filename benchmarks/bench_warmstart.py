@@ -78,7 +78,7 @@ class StaticRecorder:
     def arms(self) -> tuple[int, ...]:
         return self._arms
 
-    def decide(self, batch_size: int) -> int:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         return self.g
 
     def observe(self, fb) -> None:

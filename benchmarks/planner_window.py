@@ -35,8 +35,8 @@ class _Recorder:
     def arms(self):
         return self.policy.arms
 
-    def decide(self, batch_size: int) -> int:
-        return self.policy.decide(batch_size)
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
+        return self.policy.decide(batch_size, prompt_tokens)
 
     def observe(self, fb) -> None:
         self.t += fb.step_time_s + fb.switch_cost_s

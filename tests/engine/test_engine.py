@@ -30,6 +30,9 @@ def test_lossless_every_arm(nightjar_llm, reference_outputs, steps, gamma: int) 
     # admits every prompt (none running yet) and is decided at that batch, not at 0
     assert steps.steps[0].batch_size == len(texts) == steps.steps[0].num_reqs
     assert all(s.batch_size >= s.num_reqs for s in steps.steps)
+    # the prompt tokens the policy was told before scheduling are those the step then prefilled
+    assert [s.decide_prompt_tokens for s in steps.steps] == [s.num_prefill_tokens for s in steps.steps]
+    assert steps.steps[0].num_prefill_tokens > 0
     if gamma == 0:  # a true autoregressive step: the draft model never runs
         assert all(s.draft_forwards == 0 and s.num_draft_tokens == 0 for s in steps.steps)
     else:

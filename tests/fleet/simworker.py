@@ -48,9 +48,9 @@ class RecordingPolicy:
     def arms(self):
         return self.inner.arms
 
-    def decide(self, batch_size: int) -> int:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         t0 = time.perf_counter()
-        g = self.inner.decide(batch_size)
+        g = self.inner.decide(batch_size, prompt_tokens)
         self.wm.observe_decision(time.perf_counter() - t0)
         return g
 

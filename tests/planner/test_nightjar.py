@@ -255,6 +255,32 @@ def test_the_draft_prefill_learnt_where_prompts_land_is_charged_at_every_batch(a
         assert on == pytest.approx(0.4, rel=0.05)
 
 
+@pytest.mark.parametrize("step_price", [True, False])
+def test_a_turn_off_waits_for_the_step_whose_prompts_it_would_prefill(step_price):
+    # Batch 8, draft on, the bucket's held arm is gamma 0: decoding alone gamma 1 is cheaper (0.09 s
+    # per token against 0.1), but the draft's prefill at the workload's mean (10 ms per prompt token,
+    # ~2 prompt tokens per generated token) makes it dearer. Whether to turn the draft off now depends
+    # on what this step brings: staying on for a step without prompts costs nothing extra, while a
+    # step admitting a 400-token wave would have the draft prefill all of it (the Qwen CPU
+    # sawtooth's rise). At the mean price the step's prompts make no difference.
+    pol = NightjarPolicy(PlannerConfig(step_prefill_price=step_price))
+    pol.set_priors(PlannerPriors(bucket_edges=pol.config.bucket_edges, draft_prefill_s_per_token=0.01))
+    for g, base, tokens in ((0, 0.8, 8), (1, 0.9, 10)):
+        for k in range(41):
+            p = 40 * (k % 2)
+            pol.observe(StepFeedback(batch_size=8, gamma=g, step_time_s=base + 0.01 * p * (1 + (g > 0)),
+                                     tokens_emitted=tokens, num_draft_tokens=8 * g, num_accepted_tokens=2 * g,
+                                     prefill_tokens=p))
+    c = pol._lut[8]
+    means, _ = pol._estimates(c)
+    assert means[pol.arms.index(1)] > means[pol.arms.index(0)] == pytest.approx(0.1)
+    chosen = {}
+    for prompt_tokens in (0, 400):
+        pol._last_gamma, pol._arm[c], pol._bin_left[c] = 1, pol.arms.index(0), 5  # on; the bin holds gamma 0
+        chosen[prompt_tokens] = pol.decide(8, prompt_tokens)
+    assert chosen == ({0: 1, 400: 0} if step_price else {0: 0, 400: 0})
+
+
 @pytest.mark.parametrize("source", ["none", "prior", "catch-up", "own"])
 def test_the_draft_prefill_is_priced_before_both_states_have_seen_prompts(source):
     # The bench-serve c=16 wave, warm-started: every prompt so far was prefilled with the draft on
@@ -537,8 +563,8 @@ class _Throughput:
         self.arms = policy.arms
         self.time_s = self.tokens = 0.0
 
-    def decide(self, batch_size: int) -> int:
-        return self.policy.decide(batch_size)
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
+        return self.policy.decide(batch_size, prompt_tokens)
 
     def observe(self, fb: StepFeedback) -> None:
         self.time_s += fb.step_time_s + fb.switch_cost_s

@@ -36,14 +36,15 @@ class Recorder:
     def arms(self):
         return self.inner.arms
 
-    def decide(self, b):
-        assert b >= 1
-        self.pending = (b, self.inner.decide(b))
+    def decide(self, b, prompt_tokens=0):
+        assert b >= 1 and prompt_tokens >= 0
+        self.pending = (b, self.inner.decide(b, prompt_tokens), prompt_tokens)
         return self.pending[1]
 
     def observe(self, fb: StepFeedback):
         # preemption (KV pool exhausted) may shrink the batch after the decision, never grow it
         assert fb.gamma == self.pending[1] and 1 <= fb.batch_size <= self.pending[0]
+        assert fb.prefill_tokens == self.pending[2]  # the prompt tokens announced at decide time
         assert fb.tokens_emitted >= fb.batch_size and fb.step_time_s > 0
         assert fb.num_draft_tokens == fb.batch_size * fb.gamma
         assert 0 <= fb.num_accepted_tokens <= fb.num_draft_tokens
@@ -74,7 +75,7 @@ def test_switch_cost_reported_on_resume(prof):
         def __init__(self):
             self.i = 0
 
-        def decide(self, b):
+        def decide(self, b, prompt_tokens=0):
             self.i += 1
             return 0 if (self.i // 20) % 2 else 2
 
@@ -228,7 +229,7 @@ def test_engine_lag_report_is_what_a_resume_catches_up(prof):
         def __init__(self):
             self.i, self.last = 0, None
 
-        def decide(self, b):
+        def decide(self, b, prompt_tokens=0):
             self.i += 1
             return 2 if self.i % 30 == 0 else 0
 

@@ -56,7 +56,7 @@ class EngineControl:
 
     Step contract::
 
-        gamma, decide_s = ctl.decide(batch_size)   # policy.decide under the lock, clamped to [0, K]
+        gamma, decide_s = ctl.decide(batch_size, prompt_tokens)  # policy.decide under the lock, clamped to [0, K]
         ...run the step...
         ctl.observe(StepStats(...))                 # policy.observe + per-step nightjar_* metrics
 
@@ -138,10 +138,10 @@ class EngineControl:
             self.holder = None
             self._policy = policy
 
-    def decide(self, batch_size: int) -> tuple[int, float]:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> tuple[int, float]:
         t0 = time.perf_counter()
         with self.lock:
-            g = int(self.policy.decide(max(1, batch_size)))
+            g = int(self.policy.decide(max(1, batch_size), max(0, prompt_tokens)))
         dt = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.observe_decision(dt)

@@ -46,7 +46,7 @@ class ForcedSchedulePolicy:
     def arms(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.schedule)))
 
-    def decide(self, batch_size: int) -> int:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         g = self.schedule[self._i % len(self.schedule)]
         self._i += 1
         return g

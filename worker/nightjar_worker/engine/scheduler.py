@@ -6,7 +6,8 @@ whose ``num_speculative_tokens`` is K (the largest arm). The ``vllm.general_plug
 (``nightjar_worker.vllm_plugin``) installs the model-runner side in the worker process.
 
 Step contract (see ``nightjar_worker.planner.policy``):
-  1. ``schedule()``: gamma = policy.decide(batch) with batch = requests running before this step;
+  1. ``schedule()``: gamma = policy.decide(batch, prompt_tokens) with batch = requests running or
+     waiting before this step and prompt_tokens = what it is expected to prefill (``step_prompt.py``);
      every running request's proposed drafts are trimmed to gamma (limits verification), and the
      output's ``num_spec_tokens_to_schedule = gamma`` tells the model runner how many drafts to
      propose for the next step. gamma == 0 makes the runner skip the draft model entirely (no
@@ -23,6 +24,7 @@ CPU (and our hooks) run the synchronous scheduler; async scheduling must be off 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -30,6 +32,7 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from nightjar_worker.engine.step_prompt import pending_prompt_tokens
 from nightjar_worker.engine.version import check_vllm_version
 
 log = logging.getLogger("nightjar.engine")
@@ -47,7 +50,7 @@ class NightjarScheduler(Scheduler):
         spec = vllm_config.speculative_config
         self.nightjar_enabled = spec is not None and self.num_spec_tokens > 0
         self.nightjar_step = 0
-        self._inflight: tuple[Any, float, int, int, float] | None = None
+        self._inflight: tuple[Any, float, int, int, float, int] | None = None
         self.nightjar_control: Any = None
         # Per-request draft/accept counts, filled only while ``record_per_request`` is set (profiler):
         # req_id -> [prompt token ids, drafted, accepted].
@@ -84,8 +87,12 @@ class NightjarScheduler(Scheduler):
         # scheduled, newly admitted prompts included), estimated before scheduling: a wave of new
         # prompts is decided at the batch it creates, so the draft's prefill of them is charged
         # to the arms of that batch size, not to the few requests decoding before it arrived.
-        batch = min(len(self.running) + len(self.waiting), self.scheduler_config.max_num_seqs)
-        gamma, decide_s = self.nightjar_control.decide(batch)
+        max_seqs = self.scheduler_config.max_num_seqs
+        batch = min(len(self.running) + len(self.waiting), max_seqs)
+        budget = min(self.max_num_scheduled_tokens, self.scheduler_config.max_num_batched_tokens)
+        waiting = itertools.chain(getattr(self, "kv_holding_waiting", ()), self.waiting)
+        prompt = pending_prompt_tokens(self.running, waiting, max_seqs, budget, self._prefix_hit)
+        gamma, decide_s = self.nightjar_control.decide(batch, prompt)
         if self.nightjar_memory is not None:  # gamma 0 unless the draft is fully resident
             gamma = self.nightjar_memory.on_step(gamma).clamp(gamma)
         for req in self.running:
@@ -93,8 +100,16 @@ class NightjarScheduler(Scheduler):
                 req.spec_token_ids = req.spec_token_ids[:gamma]
         out = super().schedule(*args, **kwargs)
         out.num_spec_tokens_to_schedule = gamma
-        self._inflight = (out, t0, gamma, batch, decide_s)
+        self._inflight = (out, t0, gamma, batch, decide_s, prompt)
         return out
+
+    def _prefix_hit(self, request: Any) -> int:
+        """Tokens of a waiting request its admission will find in the prefix cache (a pure lookup:
+        vLLM records hit statistics separately, at admission)."""
+        kvm = self.kv_cache_manager
+        if request.num_computed_tokens or not kvm.prefix_cache_lookup_enabled(request):
+            return 0
+        return kvm.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         t1 = time.perf_counter()
@@ -107,7 +122,7 @@ class NightjarScheduler(Scheduler):
     def _feedback(self, inflight: tuple, t1: float, so: Any, mro: Any) -> None:
         from nightjar_worker.engine.step_stats import StepStats
 
-        _, t0, gamma, batch, decide_s = inflight
+        _, t0, gamma, batch, decide_s, prompt = inflight
         tokens = drafts = accepted = prefill = 0
         sampled = mro.sampled_token_ids or []
         index = mro.req_id_to_index or {}
@@ -144,6 +159,7 @@ class NightjarScheduler(Scheduler):
             catchup_tokens=int(worker.get("catchup_tokens", 0)),
             draft_forwards=int(worker.get("draft_forwards", 0)),
             num_prefill_tokens=prefill,
+            decide_prompt_tokens=prompt,
             draft_lag_tokens=int(worker.get("draft_lag_tokens", -1)),
             decide_s=decide_s,
             time=time.time(),

@@ -29,6 +29,7 @@ class StepStats:
     catchup_tokens: int = 0  # tokens the draft re-processed in the catch-up
     draft_forwards: int = 0  # draft model forward calls in this step (0 at gamma == 0)
     num_prefill_tokens: int = 0  # scheduled tokens of requests still prefilling
+    decide_prompt_tokens: int = 0  # the estimate of num_prefill_tokens the policy decided with
     draft_lag_tokens: int = -1  # gamma == 0: positions of running requests the draft lacks (-1: unknown)
     decide_s: float = 0.0  # policy.decide wall time
     time: float = 0.0  # unix time at the end of the step

@@ -111,6 +111,12 @@ class PlannerConfig(BaseModel):
         "learnt seconds per prompt token x the workload's prompt tokens per generated token) instead "
         "of leaving each prefill step's lump in whichever arm happened to play it",
     )
+    step_prefill_price: bool = Field(
+        True,
+        description="when the held arm would turn the draft off, price keeping it on at this step's own "
+        "scheduled prompt tokens (the draft prefills them now) instead of the workload's mean, so a "
+        "wave's rise is not prefilled with the draft on over a near tie",
+    )
     min_acceptance: float = Field(
         0.05, ge=0, lt=1,
         description="acceptance gate: no bucket explores gamma > 0 while the draft's acceptance (pooled "

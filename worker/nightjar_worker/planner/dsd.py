@@ -46,7 +46,7 @@ class DSDPolicy:
     def arms(self) -> tuple[int, ...]:
         return self._arms
 
-    def decide(self, batch_size: int) -> int:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         b = max(1, batch_size)
         if abs(self.alpha - self._cache_alpha) > 0.005:
             self._cache.clear()

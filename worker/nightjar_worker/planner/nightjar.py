@@ -161,6 +161,7 @@ class NightjarPolicy:
         self._best = [-1] * nb  # cached exploit arm index (for the monotone prior)
         self._last_gamma = 0
         self._prev_gamma = 0  # gamma of the last observed step (pipeline fill detection)
+        self._step_prompt = 0  # prompt tokens the engine will prefill in the step being decided
         self._run = 0  # steps since speculation last flipped on/off
         # moving mean length of the runs with speculation off [0] and on [1]: how long a flip into
         # that state is expected to last, the horizon over which its C_switch amortises
@@ -200,6 +201,7 @@ class NightjarPolicy:
         self._grow = c.growing_window and not paper
         self._prefill = c.prefill_correction and not paper
         self._amortise = self._prefill and c.amortise_draft_prefill
+        self._step_price = self._amortise and c.step_prefill_price
         self._gate = c.min_acceptance if not paper else 0.0
         self._acc_decay = 0.5 ** (1.0 / c.acceptance_halflife_steps)
 
@@ -256,7 +258,8 @@ class NightjarPolicy:
         return self._arms
 
     # -- step contract -----------------------------------------------------------------------
-    def decide(self, batch_size: int) -> int:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
+        self._step_prompt = prompt_tokens
         lut = self._lut
         c = lut[batch_size] if 0 <= batch_size < len(lut) else lut[-1]
         left = self._bin_left[c]
@@ -699,6 +702,8 @@ class NightjarPolicy:
         was decided while the engine was in the other state): keep the current on/off state unless
         the held arm still wins with the switching cost charged."""
         means, counts = self._estimates(c)
+        if self._step_price and self._last_gamma > 0:
+            means = self._priced_at_step(c, means)
         same = [
             i for i in self._gated(self._feasible(c))
             if means[i] is not None and (self._arms[i] > 0) == (self._last_gamma > 0)
@@ -714,6 +719,26 @@ class NightjarPolicy:
             return a
         self._arm[c] = alt  # for the rest of this bin
         return alt
+
+    def _priced_at_step(self, c: int, means: list[float | None]) -> list[float | None]:
+        """``means`` with the gamma > 0 arms' draft prefill priced at this step's own prompt tokens
+        instead of the workload's mean. Only for a turn-off: staying on commits the draft to
+        prefilling this step's prompts now, while turning off defers them to a catch-up (priced in
+        the turn-off's switching cost) that never comes for requests finishing before the draft
+        resumes. A wave's rise brings its prompts in a few steps: at the mean price, a near tie kept
+        the draft on through them (Qwen CPU sawtooth: 1749 prompt tokens prefilled with the draft on
+        at batches 6-19, where gamma 0 was within 4 %). Turning on is left at the mean price:
+        deferring a resume by a step only moves this step's prompts into its catch-up."""
+        slope = self._draft_prefill_slope()
+        if not slope:
+            return means
+        mean_charge = self._draft_prefill_charge(c)
+        p = self._step_prompt
+        return [
+            m - mean_charge + self._in_bucket_units(c, slope * p / self._tokens_per_step(c, i))
+            if m is not None and self._arms[i] > 0 else m
+            for i, m in enumerate(means)
+        ]
 
     def _feasible(self, c: int) -> list[int]:
         """Arms meeting the TPOT SLO (unknown ones count as feasible); all arms without an SLO."""

@@ -17,7 +17,7 @@ class NoSDPolicy:
     def arms(self) -> tuple[int, ...]:
         return self._arms
 
-    def decide(self, batch_size: int) -> int:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         return 0
 
     def observe(self, feedback: StepFeedback) -> None:

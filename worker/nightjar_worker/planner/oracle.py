@@ -58,7 +58,7 @@ class OraclePolicy:
         b = min(max(batch_size, 1), len(self._loss) - 1)
         return self._loss[b][gamma]
 
-    def decide(self, batch_size: int) -> int:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         b = min(max(batch_size, 1), len(self._loss) - 1)
         g = self._best[b]
         if g > 0 and self._last == 0 and 0 in self._loss[b]:

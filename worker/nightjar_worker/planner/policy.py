@@ -1,8 +1,10 @@
 """The contract between the engine and every gamma policy (Nightjar's planner and the baselines).
 
 Step contract (one decoding step of the continuous batch):
-  1. before scheduling, the engine calls ``decide(batch_size)`` and gets gamma in ``arms``;
-     gamma == 0 means a plain autoregressive step (no draft forward at all);
+  1. before scheduling, the engine calls ``decide(batch_size, prompt_tokens)`` and gets gamma in
+     ``arms``; gamma == 0 means a plain autoregressive step (no draft forward at all);
+     ``prompt_tokens`` is the engine's estimate of the prompt tokens the step will prefill (which a
+     running draft prefills too), 0 when unknown; policies may ignore it;
   2. the engine runs the step: it verifies at most gamma of the drafts the *previous* step proposed
      and proposes gamma for the next one, so a step that raises gamma verifies fewer (none when
      the draft was off: one token per request) - pipeline fill, not the arm's steady state;
@@ -55,6 +57,6 @@ class GammaPolicy(Protocol):
     @property
     def arms(self) -> tuple[int, ...]: ...
 
-    def decide(self, batch_size: int) -> int: ...
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int: ...
 
     def observe(self, feedback: StepFeedback) -> None: ...

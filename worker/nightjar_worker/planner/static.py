@@ -21,7 +21,7 @@ class StaticPolicy:
     def arms(self) -> tuple[int, ...]:
         return self._arms
 
-    def decide(self, batch_size: int) -> int:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         return self.gamma
 
     def observe(self, feedback: StepFeedback) -> None:

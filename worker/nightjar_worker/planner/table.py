@@ -30,7 +30,7 @@ class TablePolicy:
     def arms(self) -> tuple[int, ...]:
         return self._arms
 
-    def decide(self, batch_size: int) -> int:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         i = bisect.bisect_right(self._keys, batch_size) - 1
         return self._vals[max(i, 0)]
 

@@ -30,7 +30,7 @@ class UCBPolicy:
     def arms(self) -> tuple[int, ...]:
         return self._arms
 
-    def decide(self, batch_size: int) -> int:
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         for i, n in enumerate(self._n):
             if n == 0:
                 return self._arms[i]

@@ -1,7 +1,7 @@
 """Step-level serving simulator: continuous batching with speculative decoding under a KV budget.
 
 Each iteration is one engine step, driven through the same contract as the real engine
-(``policy.decide(batch_size)`` -> run -> ``policy.observe(StepFeedback)``):
+(``policy.decide(batch_size, prompt_tokens)`` -> run -> ``policy.observe(StepFeedback)``):
 
   * arrivals (pre-generated, identical for every policy under one seed) join a FIFO queue;
   * queued requests are admitted while the batch has room (``max_batch``), the KV pool has the
@@ -197,7 +197,7 @@ class Simulator:
                 prefilling.append(st)
 
             b = len(running)
-            g = policy.decide(b) if b > 0 else 0
+            g = policy.decide(b, prefill_tokens) if b > 0 else 0
 
             # Blocks for context + gamma + 1 per decoding request; preempt the newest when short.
             if b > 0:
