@@ -47,6 +47,9 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
     the priors' slope stands in, else the catch-up line's per-token rate. ``snapshot`` exports the
     decode-only losses and the slope: priors are per pair and device, the prompt/output ratio is
     each worker's own workload;
+  * ``step_prefill_price``: the mean price chooses a bucket's arm; the step at which to turn the
+    draft off is chosen at the step's own prompt tokens (``decide``'s ``prompt_tokens``), which
+    staying on would have the draft prefill now (``_priced_at_step``);
   * acceptance gate (``min_acceptance``): acceptance is a property of the draft and the content, not
     of the batch size, so it is pooled over all buckets; once its upper confidence bound is below
     ``min_acceptance`` no bucket plays gamma > 0, exploring or exploiting (a draft that is almost
