@@ -105,9 +105,11 @@ def phase_of(t: float, windows: Sequence[tuple[str, float, float]]) -> str:
 
 
 def per_phase_summary(records: Sequence[RequestRecord], names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """loadgen.summarize per phase of arrival and ``overall`` (throughput over each group's own span)."""
+    """loadgen.summarize per phase of arrival and ``overall`` (throughput over each group's own span);
+    ``overall["error_messages"]`` says why each failed request failed (a failure is not a result)."""
     out = {n: summarize([r for r in records if r.phase == n]).as_dict() for n in names}
     out["overall"] = summarize(records).as_dict()
+    out["overall"]["error_messages"] = [f"{r.phase} +{r.start_s:.1f}s: {r.error}" for r in records if r.error]
     return out
 
 

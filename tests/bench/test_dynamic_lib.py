@@ -59,6 +59,7 @@ def test_per_phase_summary_groups_by_arrival_phase():
     assert s["high"]["output_tok_s"] == pytest.approx(40 / 2.0) and s["high"]["errors"] == 1
     assert s["saw"]["requests"] == 0 and s["saw"]["output_tok_s"] == 0
     assert s["overall"]["output_tokens"] == 60 and s["overall"]["output_tok_s"] == pytest.approx(60 / 7.0)
+    assert s["overall"]["error_messages"] == ["high +5.0s: boom"]
 
 
 def step(t: float, b: int, g: int, dt: float, toks: int, acc: int = 0, prefill: int = 0, **kw) -> StepStats:

@@ -281,6 +281,32 @@ def test_a_turn_off_waits_for_the_step_whose_prompts_it_would_prefill(step_price
     assert chosen == ({0: 1, 400: 0} if step_price else {0: 0, 400: 0})
 
 
+@pytest.mark.parametrize(("on_step_s", "off_at_wave"), [(0.775, True), (0.6, False)])
+def test_a_tie_held_on_is_decided_at_the_steps_price_and_a_clear_preference_is_kept(on_step_s, off_at_wave):
+    # As above, but the bin exploits gamma 1. At 0.775 s per 10 tokens plus the draft's mean prefill
+    # charge gamma 1 ties with gamma 0 (within the 2 % hysteresis): a step bringing a 400-token wave
+    # is then played at gamma 0, a prompt-free one stays at gamma 1. At 0.6 s gamma 1 is clearly
+    # better whatever one step brings (turning off would be undone at the next step, with a
+    # catch-up of the same prompts): it stays on.
+    pol = NightjarPolicy(PlannerConfig())
+    pol.set_priors(PlannerPriors(bucket_edges=pol.config.bucket_edges, draft_prefill_s_per_token=0.01))
+    for g, base, tokens in ((0, 0.8, 8), (1, on_step_s, 10)):
+        for k in range(41):
+            p = 40 * (k % 2)
+            pol.observe(StepFeedback(batch_size=8, gamma=g, step_time_s=base + 0.01 * p * (1 + (g > 0)),
+                                     tokens_emitted=tokens, num_draft_tokens=8 * g, num_accepted_tokens=2 * g,
+                                     prefill_tokens=p))
+    c, i1 = pol._lut[8], pol.arms.index(1)
+    means, _ = pol._estimates(c)
+    tie = means[0] <= means[i1] * 1.02
+    assert tie == off_at_wave
+    chosen = {}
+    for prompt_tokens in (0, 400):
+        pol._last_gamma, pol._arm[c], pol._bin_left[c], pol._exploring[c] = 1, i1, 5, False
+        chosen[prompt_tokens] = pol.decide(8, prompt_tokens)
+    assert chosen == {0: 1, 400: 0 if off_at_wave else 1}
+
+
 @pytest.mark.parametrize("source", ["none", "prior", "catch-up", "own"])
 def test_the_draft_prefill_is_priced_before_both_states_have_seen_prompts(source):
     # The bench-serve c=16 wave, warm-started: every prompt so far was prefilled with the draft on
