@@ -752,10 +752,11 @@ class NightjarPolicy:
         instead of the workload's mean, where the step may turn the draft off: staying on commits
         the draft to prefilling this step's prompts now, while turning off defers them to a
         catch-up (priced in the turn-off's switching cost) that never comes for requests finishing
-        before the draft resumes. A wave's rise brings its prompts in a few steps: at the mean price, a near tie kept
-        the draft on through them (Qwen CPU sawtooth: 1749 prompt tokens prefilled with the draft on
-        at batches 6-19, where gamma 0 was within 4 %). Turning on is left at the mean price:
-        deferring a resume by a step only moves this step's prompts into its catch-up."""
+        before the draft resumes. A wave's rise brings its prompts in a few steps: at the mean
+        price, a near tie kept the draft on through them (Qwen CPU sawtooth: 1749 prompt tokens
+        prefilled with the draft on at batches 6-19, where gamma 0 was within 4 %). Turning on is
+        left at the mean price: deferring a resume by a step only moves this step's prompts into
+        its catch-up."""
         slope = self._draft_prefill_slope()
         if not slope:
             return means
