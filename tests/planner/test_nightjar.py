@@ -255,6 +255,18 @@ def test_the_draft_prefill_learnt_where_prompts_land_is_charged_at_every_batch(a
         assert on == pytest.approx(0.4, rel=0.05)
 
 
+def _batch8_with_prompts(pol: NightjarPolicy, on_step_s: float) -> None:
+    """Batch 8, 41 steps per arm: gamma 0 0.8 s for 8 tokens, gamma 1 ``on_step_s`` for 10; every
+    other step prefills 40 prompt tokens at 10 ms each (20 ms with the draft on, as the priors say)."""
+    pol.set_priors(PlannerPriors(bucket_edges=pol.config.bucket_edges, draft_prefill_s_per_token=0.01))
+    for g, base, tokens in ((0, 0.8, 8), (1, on_step_s, 10)):
+        for k in range(41):
+            p = 40 * (k % 2)
+            pol.observe(StepFeedback(batch_size=8, gamma=g, step_time_s=base + 0.01 * p * (1 + (g > 0)),
+                                     tokens_emitted=tokens, num_draft_tokens=8 * g, num_accepted_tokens=2 * g,
+                                     prefill_tokens=p))
+
+
 @pytest.mark.parametrize("step_price", [True, False])
 def test_a_turn_off_waits_for_the_step_whose_prompts_it_would_prefill(step_price):
     # Batch 8, draft on, the bucket's held arm is gamma 0: decoding alone gamma 1 is cheaper (0.09 s
@@ -264,13 +276,7 @@ def test_a_turn_off_waits_for_the_step_whose_prompts_it_would_prefill(step_price
     # step admitting a 400-token wave would have the draft prefill all of it (the Qwen CPU
     # sawtooth's rise). At the mean price the step's prompts make no difference.
     pol = NightjarPolicy(PlannerConfig(step_prefill_price=step_price))
-    pol.set_priors(PlannerPriors(bucket_edges=pol.config.bucket_edges, draft_prefill_s_per_token=0.01))
-    for g, base, tokens in ((0, 0.8, 8), (1, 0.9, 10)):
-        for k in range(41):
-            p = 40 * (k % 2)
-            pol.observe(StepFeedback(batch_size=8, gamma=g, step_time_s=base + 0.01 * p * (1 + (g > 0)),
-                                     tokens_emitted=tokens, num_draft_tokens=8 * g, num_accepted_tokens=2 * g,
-                                     prefill_tokens=p))
+    _batch8_with_prompts(pol, on_step_s=0.9)
     c = pol._lut[8]
     means, _ = pol._estimates(c)
     assert means[pol.arms.index(1)] > means[pol.arms.index(0)] == pytest.approx(0.1)
@@ -289,13 +295,7 @@ def test_a_tie_held_on_is_decided_at_the_steps_price_and_a_clear_preference_is_k
     # better whatever one step brings (turning off would be undone at the next step, with a
     # catch-up of the same prompts): it stays on.
     pol = NightjarPolicy(PlannerConfig())
-    pol.set_priors(PlannerPriors(bucket_edges=pol.config.bucket_edges, draft_prefill_s_per_token=0.01))
-    for g, base, tokens in ((0, 0.8, 8), (1, on_step_s, 10)):
-        for k in range(41):
-            p = 40 * (k % 2)
-            pol.observe(StepFeedback(batch_size=8, gamma=g, step_time_s=base + 0.01 * p * (1 + (g > 0)),
-                                     tokens_emitted=tokens, num_draft_tokens=8 * g, num_accepted_tokens=2 * g,
-                                     prefill_tokens=p))
+    _batch8_with_prompts(pol, on_step_s)
     c, i1 = pol._lut[8], pol.arms.index(1)
     means, _ = pol._estimates(c)
     tie = means[0] <= means[i1] * 1.02

@@ -113,8 +113,9 @@ class PlannerConfig(BaseModel):
     )
     step_prefill_price: bool = Field(
         True,
-        description="when the held arm would turn the draft off, price keeping it on at this step's own "
-        "scheduled prompt tokens (the draft prefills them now) instead of the workload's mean, so a "
+        description="when the held arm would turn the draft off, or a held gamma > 0 arm ties with gamma 0 "
+        "(within the hysteresis) on a step that brings prompts, price keeping the draft on at this step's "
+        "own scheduled prompt tokens (the draft prefills them now) instead of the workload's mean, so a "
         "wave's rise is not prefilled with the draft on over a near tie",
     )
     min_acceptance: float = Field(

@@ -165,7 +165,6 @@ class NightjarPolicy:
         self._best = [-1] * nb  # cached exploit arm index (for the monotone prior)
         self._last_gamma = 0
         self._prev_gamma = 0  # gamma of the last observed step (pipeline fill detection)
-        self._step_prompt = 0  # prompt tokens the engine will prefill in the step being decided
         self._run = 0  # steps since speculation last flipped on/off
         # moving mean length of the runs with speculation off [0] and on [1]: how long a flip into
         # that state is expected to last, the horizon over which its C_switch amortises
@@ -263,7 +262,6 @@ class NightjarPolicy:
 
     # -- step contract -----------------------------------------------------------------------
     def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
-        self._step_prompt = prompt_tokens
         lut = self._lut
         c = lut[batch_size] if 0 <= batch_size < len(lut) else lut[-1]
         left = self._bin_left[c]
@@ -274,10 +272,10 @@ class NightjarPolicy:
             a = self._new_bin(c)
         g = self._arms[a]
         if (g > 0) != (self._last_gamma > 0) and not self._paper:
-            a = self._guard_flip(c, a)
+            a = self._guard_flip(c, a, prompt_tokens)
             g = self._arms[a]
         elif g > 0 and self._last_gamma > 0 and prompt_tokens > 0 and self._step_price and not self._exploring[c]:
-            a = self._tie_at_prompt_step(c, a)
+            a = self._tie_at_prompt_step(c, a, prompt_tokens)
             g = self._arms[a]
         st = self.stats
         st.decisions += 1
@@ -704,13 +702,13 @@ class NightjarPolicy:
                 return self._exc[0][r + 1]
         return float(_MAX_DWELL)
 
-    def _guard_flip(self, c: int, a: int) -> int:
+    def _guard_flip(self, c: int, a: int, prompt_tokens: int = 0) -> int:
         """The held arm would turn speculation on/off (e.g. the batch crossed into a bucket whose bin
         was decided while the engine was in the other state): keep the current on/off state unless
         the held arm still wins with the switching cost charged."""
         means, counts = self._estimates(c)
         if self._step_price and self._last_gamma > 0:
-            means = self._priced_at_step(c, means)
+            means = self._priced_at_step(c, means, prompt_tokens)
         same = [
             i for i in self._gated(self._feasible(c))
             if means[i] is not None and (self._arms[i] > 0) == (self._last_gamma > 0)
@@ -727,7 +725,7 @@ class NightjarPolicy:
         self._arm[c] = alt  # for the rest of this bin
         return alt
 
-    def _tie_at_prompt_step(self, c: int, a: int) -> int:
+    def _tie_at_prompt_step(self, c: int, a: int, prompt_tokens: int) -> int:
         """The draft is on, the bin exploits a gamma > 0 arm, and this step brings prompts: if gamma 0
         is within the hysteresis margin of that arm (the bandit cannot tell them apart), the step's
         own price decides, as for a turn-off (``_priced_at_step``). Beyond a tie the bucket's
@@ -741,13 +739,13 @@ class NightjarPolicy:
         m0, ma = means[i0], means[a]
         if m0 is None or ma is None or m0 > ma * (1.0 + self._hyst) or i0 not in self._feasible(c):
             return a
-        step = self._priced_at_step(c, means)
+        step = self._priced_at_step(c, means, prompt_tokens)
         if step[i0] + self._switch_penalty(c, i0, counts) < step[a]:  # type: ignore[operator]
             self._arm[c] = i0  # for the rest of this bin
             return i0
         return a
 
-    def _priced_at_step(self, c: int, means: list[float | None]) -> list[float | None]:
+    def _priced_at_step(self, c: int, means: list[float | None], prompt_tokens: int) -> list[float | None]:
         """``means`` with the gamma > 0 arms' draft prefill priced at this step's own prompt tokens
         instead of the workload's mean, where the step may turn the draft off: staying on commits
         the draft to prefilling this step's prompts now, while turning off defers them to a
@@ -761,9 +759,8 @@ class NightjarPolicy:
         if not slope:
             return means
         mean_charge = self._draft_prefill_charge(c)
-        p = self._step_prompt
         return [
-            m - mean_charge + self._in_bucket_units(c, slope * p / self._tokens_per_step(c, i))
+            m - mean_charge + self._in_bucket_units(c, slope * prompt_tokens / self._tokens_per_step(c, i))
             if m is not None and self._arms[i] > 0 else m
             for i, m in enumerate(means)
         ]
