@@ -34,7 +34,7 @@ results.json}`` (``PAIR=qwen``: ``dynamic-qwen``). Last line:
 ``RESULT worst_phase_vs_best_static=.. overall_vs_nosd=.. overall_vs_best_static=.. p99_tpot_vs_best_static=..
 p99_ttft_vs_best_static=.. oracle_fraction=..`` (plus ``overall_vs_nosd_nodraft`` when memory-tight, and,
 when the oracle ran, ``oracle_worst_phase_vs_best_static`` and ``oracle_p99_tpot_vs_best_static``: the
-oracle's own figures, the bound this trace and machine put on those two targets).
+oracle's own figures on the same trace, a reference for those two targets).
 """
 
 from __future__ import annotations

@@ -370,8 +370,9 @@ def dynamic_ratios(
     one: a policy that admits more requests (elastic memory) trades per-token latency for queueing.
     ``overall_vs_nosd_nodraft`` only when the run has ``nosd-nodraft`` (bench_dynamic --kv-base-blocks).
     ``oracle_worst_phase_vs_best_static`` and ``oracle_p99_tpot_vs_best_static``, when the oracle ran,
-    are the same two figures for the oracle: what the best per-batch gamma reaches on this trace and
-    machine, so a target the oracle itself misses reads as the trace's bound, not the planner's."""
+    are the same two figures for the oracle: what the profile's best per-batch gamma reaches on the
+    same trace and machine, a reference for reading a missed target (not a bound: by-arrival phases
+    of a few requests move with one request's finish)."""
     st = [p for p in statics if p in results]
     out: dict[str, float | None] = dict.fromkeys(
         ("worst_phase_vs_best_static", "overall_vs_nosd", "overall_vs_best_static",
