@@ -345,8 +345,8 @@ def _vs_best_static(
     """``pol`` against the best of the fixed gammas ``st``: the worst phase, overall throughput and
     the overall p99 latencies (for those the lowest static p99 is the best)."""
     out: dict[str, float | None] = {}
-    per = [_tput(results, pol, ph) / max(_tput(results, p, ph) for p in st) for ph in phases
-           if max(_tput(results, p, ph) for p in st) > 0]
+    best_per_phase = {ph: max(_tput(results, p, ph) for p in st) for ph in phases}
+    per = [_tput(results, pol, ph) / best for ph, best in best_per_phase.items() if best > 0]
     out["worst_phase_vs_best_static"] = min(per) if per else None
     best = max(_tput(results, p, "overall") for p in st)
     out["overall_vs_best_static"] = _tput(results, pol, "overall") / best if best > 0 else None

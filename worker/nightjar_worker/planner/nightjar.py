@@ -702,7 +702,7 @@ class NightjarPolicy:
                 return self._exc[0][r + 1]
         return float(_MAX_DWELL)
 
-    def _guard_flip(self, c: int, a: int, prompt_tokens: int = 0) -> int:
+    def _guard_flip(self, c: int, a: int, prompt_tokens: int) -> int:
         """The held arm would turn speculation on/off (e.g. the batch crossed into a bucket whose bin
         was decided while the engine was in the other state): keep the current on/off state unless
         the held arm still wins with the switching cost charged."""
