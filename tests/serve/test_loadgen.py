@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+from types import SimpleNamespace
 
 import pytest
 from nightjar_worker import loadgen
@@ -66,3 +68,42 @@ def test_metrics_parsing_and_label_filtered_sums():
     # absent (a server without Nightjar) is None, not 0: a timeline gap rather than a fake "resident"
     assert loadgen.metric_or_none(m, "nightjar_draft_state") is None
     assert loadgen.metric_or_none(m, "nightjar_steps_total") == 8
+
+
+class _StreamingServer:
+    """Stands in for the OpenAI client: each request streams ``tokens`` chunks ``per_token_s`` apart."""
+
+    def __init__(self, per_token_s: float, tokens: int = 4) -> None:
+        self.per_token_s, self.tokens = per_token_s, tokens
+        self.chat = self
+        self.completions = self
+
+    async def create(self, **_kw):
+        async def stream():
+            for _ in range(self.tokens):
+                await asyncio.sleep(self.per_token_s)
+                yield SimpleNamespace(choices=[SimpleNamespace(delta=SimpleNamespace(content="x"))], usage=None)
+            yield SimpleNamespace(choices=[], usage=SimpleNamespace(completion_tokens=self.tokens))
+
+        return stream()
+
+
+def test_capped_phases_serve_the_same_prompt_sequence_at_any_speed():
+    """A cap of 1 with drop_late: the slower server admits fewer requests, but both serve the phase's
+    prompts in the same order from the phase's first arrival index (by arrival index, the slow one
+    would skip the prompts of the requests that arrived while it was busy)."""
+    prompts = [loadgen.Prompt(q, f"c{q % 3}", f"prompt {q}") for q in range(500)]
+    phases = [Phase(0.6, 30.0, 1, name="a", drop_late=True), Phase(0.6, 30.0, 1, name="b", drop_late=True)]
+    firsts = {}
+    for i, (_, ph) in enumerate(loadgen.arrival_times(phases, seed=4)):
+        firsts.setdefault(ph.name, i)
+    served = {}
+    for speed, per_token in (("fast", 0.01), ("slow", 0.03)):
+        recs = asyncio.run(loadgen.run_load(_StreamingServer(per_token), "m", prompts, phases, seed=4))
+        assert all(r.qid == -1 for r in recs if r.dropped) and any(r.dropped for r in recs)
+        served[speed] = {n: [r.qid for r in recs if r.phase == n and not r.dropped] for n in ("a", "b")}
+    for n in ("a", "b"):
+        fast, slow = served["fast"][n], served["slow"][n]
+        assert len(fast) > len(slow) >= 2
+        assert fast == list(range(firsts[n], firsts[n] + len(fast)))
+        assert slow == fast[: len(slow)]

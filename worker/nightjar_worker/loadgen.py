@@ -14,6 +14,7 @@ import json
 import math
 import random
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -194,7 +195,15 @@ async def run_load(
     on_done: Callable[[RequestRecord], None] | None = None,
 ) -> list[RequestRecord]:
     """Drive the phases; returns one record per request (sorted by index). Requests still in flight
-    when the last phase ends are awaited (their latency counts)."""
+    when the last phase ends are awaited (their latency counts).
+
+    A request's prompt is chosen when it is admitted, not when it arrives: the k-th request a phase
+    admits gets prompt ``first + k``, ``first`` being the arrival index of the phase's first request.
+    Where a phase's cap makes requests wait (and ``drop_late`` drops some), a faster server admits
+    more of them, and picking by arrival index would give each policy a different subset of the
+    phase's prompts (Spec-Bench categories accept 0.6-0.9 of the drafts); by admission, every policy
+    serves the same sequence and a faster one just gets further along it. Without waiting both orders
+    coincide. A dropped request is never sent and has no prompt (qid -1)."""
     arrivals = arrival_times(phases, seed)
     ends: dict[int, float] = {}
     acc = 0.0
@@ -207,28 +216,35 @@ async def run_load(
     for _, ph in arrivals:
         if ph.max_concurrency is not None and id(ph) not in sems:
             sems[id(ph)] = asyncio.Semaphore(ph.max_concurrency)
+    first: dict[int, int] = {}
+    for i, (_, ph) in enumerate(arrivals):
+        first.setdefault(id(ph), i)
+    admitted: dict[int, int] = defaultdict(int)
     t_run0 = time.perf_counter()
     records: list[RequestRecord] = []
+
+    async def admit(rec: RequestRecord, ph: Phase) -> None:
+        p = prompts[(first[id(ph)] + admitted[id(ph)]) % len(prompts)]
+        admitted[id(ph)] += 1
+        rec.qid, rec.category = p.qid, p.category
+        await one_request(client, model, p, rec, max_tokens=max_tokens, temperature=temperature, t_run0=t_run0)
 
     async def launch(i: int, at: float, ph: Phase) -> None:
         delay = at - (time.perf_counter() - t_run0)
         if delay > 0:
             await asyncio.sleep(delay)
-        p = prompts[i % len(prompts)]
-        rec = RequestRecord(i, p.qid, p.category, ph.name, start_s=0.0)
+        rec = RequestRecord(i, -1, "", ph.name, start_s=0.0)
         records.append(rec)
         sem = sems.get(id(ph))
         if sem is None:
-            await one_request(client, model, p, rec, max_tokens=max_tokens, temperature=temperature, t_run0=t_run0)
+            await admit(rec, ph)
         else:
             async with sem:
                 if ph.drop_late and time.perf_counter() - t_run0 > ends[id(ph)]:
                     rec.dropped = True
                     rec.start_s = time.perf_counter() - t_run0
                 else:
-                    await one_request(
-                        client, model, p, rec, max_tokens=max_tokens, temperature=temperature, t_run0=t_run0
-                    )
+                    await admit(rec, ph)
         if on_done is not None:
             on_done(rec)
 
