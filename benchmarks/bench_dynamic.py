@@ -90,15 +90,14 @@ DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading", "draining")
 # qwen (fp32): its measured profile crosses over between batch 8 and 16 (best gamma 2 at batch 1, 1 at
 # 2-8, 0 at 16; docs/engine.md), so "high" fills 16 slots once (one wave: 16 prompts prefilled, then
 # ~90 s of decoding, so a longer phase would spill a second wave into low-again) and "low" keeps one slot
-# busy (~20-30 s per request at 64 tokens: 5-7 back to back in 150 s). Its former trace (low 0.04 req/s,
-# high capped at 6) put 0-1 requests in each low phase and never reached the batch where no-SD wins.
-# The low phases were 90 s, the high 75 s and the saw's levels 20 s until 2026-12-03: ~40 % of the run
-# at one request, and 4-5 requests per low phase, too few to tell the policies apart there; now ~58 %
-# (300 of ~520 s with the drain), a little more of the run off-peak than at peak.
+# busy (~30 s per request at 64 tokens: ~3 back to back in 90 s). Its former trace (low 0.04 req/s, high
+# capped at 6) put 0-1 requests in each low phase and never reached the batch where no-SD wins. Low
+# phases of 150 s, high 60 s and saw levels of 15 s (aca6011, 2026-12-03; results in
+# dynamic-qwen/trace150-aca6011/) did not steady the low phases' figures (docs/results-log.md).
 TRACES = {
     "bundled": dynamic_lib.TraceSpec(low_rate=0.1, high_rate=1.0, low_cap=2, high_cap=8),
     "qwen": dynamic_lib.TraceSpec(low_rate=0.2, high_rate=1.0, low_cap=1, high_cap=16,
-                                  low_s=150.0, high_s=60.0, saw_level_s=15.0),
+                                  low_s=90.0, high_s=75.0, saw_level_s=20.0),
 }
 # Output tokens per request (QUICK: 32): qwen's fewer, so each low phase holds several requests.
 MAX_TOKENS = {"bundled": 96, "qwen": 64}
