@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     # prompts that fit max_model_len (1024 tokens) with room to answer: a longer one is a 400, not a loss
     pool = loadgen.mixed_prompts(dynamic_lib.short_prompts(loadgen.load_prompts(), args.max_prompt_chars),
                                  args.pool, seed=5)
-    # run_load picks prompts by index into this list (i % len): the pool cycled in shuffled order
+    # run_load picks prompts by index into this list (a phase's first arrival index plus the admission
+    # rank, modulo its length): the pool cycled in shuffled order
     order = loadgen.mixed_prompts(pool, 4 * args.pool, seed=9)
 
     srv = ServerProcess([*pair_args(args.pair), "--scheduler", "nightjar"], env={"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN},
