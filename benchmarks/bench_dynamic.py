@@ -30,7 +30,7 @@ no-SD baseline there, reported as ``overall_vs_nosd_nodraft``.
 
 Per phase and overall: output tokens/s, TTFT/TPOT/E2E p50/p99, mean gamma and acceptance from the step
 log; gamma and draft-state timelines. Writes ``benchmarks/results/dynamic[/quick]/{table.md,dynamic.png,
-results.json}`` (``PAIR=qwen``: ``dynamic-qwen``). Last line:
+results.json,records.jsonl}`` (``PAIR=qwen``: ``dynamic-qwen``; records: every request with its token times). Last line:
 ``RESULT worst_phase_vs_best_static=.. overall_vs_nosd=.. overall_vs_best_static=.. p99_tpot_vs_best_static=..
 p99_ttft_vs_best_static=.. oracle_fraction=..`` (plus ``overall_vs_nosd_nodraft`` when memory-tight, and,
 when the oracle ran, ``oracle_worst_phase_vs_best_static`` and ``oracle_p99_tpot_vs_best_static``: the
@@ -227,6 +227,11 @@ class Bench:
                                                    self.args.max_tokens))
         unix1 = time.time()
         res = dynamic_lib.per_phase_summary(recs, self.names)
+        for ph, tok_s in dynamic_lib.own_window_tok_s(recs, self.windows, unix1 - unix0).items():
+            res[ph]["own_window_tok_s"] = tok_s
+        with (self.out / "records.jsonl").open("a") as f:  # every request, for the analysis of a run
+            for r in recs:
+                f.write(json.dumps({"policy": name, **dynamic_lib.record_row(r)}) + "\n")
         steps = dynamic_lib.steps_between(read_jsonl(step_log), unix0, unix1)
         self.results[name] = res
         self.steps[name] = dynamic_lib.step_phase_stats(steps, unix0, self.windows, unix1)
@@ -420,6 +425,7 @@ class Bench:
                 s, st = res[ph], self.steps[pol][ph]
                 rows.append([pol, ph, s["requests"], s["errors"], round(s["output_tok_s"], 1),
                              round(st["window_tok_s"], 1) if st.get("window_tok_s") is not None else "-",
+                             round(s["own_window_tok_s"], 1) if s.get("own_window_tok_s") is not None else "-",
                              f"{fmt_ms(s['ttft_p50_s'])}/{fmt_ms(s['ttft_p99_s'])}",
                              f"{fmt_ms(s['tpot_p50_s'])}/{fmt_ms(s['tpot_p99_s'])}",
                              f"{fmt_s(s['e2e_p50_s'])}/{fmt_s(s['e2e_p99_s'])}",
@@ -439,7 +445,8 @@ class Bench:
         notes += ("\n- best static = the best fixed gamma in each phase, no-SD (gamma 0) included; "
                   "tok/s = output tokens of the requests arriving in the phase over their span; "
                   "window tok/s = tokens the server emitted while the phase lasted over its length (step log; "
-                  "the last phase's window runs through the drain); "
+                  "the last phase's window runs through the drain); own tok/s = the phase's own requests' "
+                  "tokens that came out while the phase lasted over its length (client token times); "
                   "mean gamma/acceptance from the worker's step log (steps ending in the phase); busy s = step "
                   "times plus catch-ups in the phase; prompt tok = prompt tokens prefilled with the draft on / all")
         if self.meta.get("kv_base_blocks"):
@@ -458,7 +465,7 @@ class Bench:
         common.print_table(
             f"bench-dynamic ({self.args.pair} pair{', QUICK' if self.args.quick else ''}, "
             f"trace {' -> '.join(self.names)}, {self.windows[-1][2]:.0f} s per policy)",
-            ["policy", "phase", "req", "err", "tok/s", "window tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "E2E p50/p99 s",
+            ["policy", "phase", "req", "err", "tok/s", "window tok/s", "own tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "E2E p50/p99 s",
              "mean gamma", "mean batch", "accept", "busy s", "prompt tok"], rows, self.out / "table.md", notes=notes)
         self.plot()
         common.write_json(self.out / "results.json", {"meta": self.meta, "ratios": ratios, "results": self.results,
@@ -558,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         bench.reload()
     else:
+        (args.out / "records.jsonl").unlink(missing_ok=True)
         bench.server_a()
         bench.server_b(bench.profile_path)
         bench.meta["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -162,6 +162,23 @@ def summ(tok_s: float, tpot_p99: float = 0.05, ttft_p99: float = 1.0) -> dict:
     return {"output_tok_s": tok_s, "tpot_p99_s": tpot_p99, "ttft_p99_s": ttft_p99}
 
 
+def test_own_window_counts_a_phase_own_tokens_inside_its_windows():
+    w = [("low", 0.0, 10.0), ("high", 10.0, 20.0), ("saw", 20.0, 25.0), ("saw", 25.0, 30.0)]
+    a = rec(0, "low", 2.0, 12.0, 4)
+    a.token_times = [(3.0, 1), (9.0, 3), (12.0, 4)]  # the last token came out in the high phase
+    b = rec(1, "high", 11.0, 2.0, 6)
+    b.token_times = [(12.0, 6)]
+    c = rec(2, "saw", 29.0, 7.0, 5)
+    c.token_times = [(29.5, 2), (34.0, 5)]  # the last phase's window runs on through the drain
+    d = rec(3, "low", 5.0, 1.0, 0, err="boom")
+    own = dl.own_window_tok_s([a, b, c, d], w, run_end=40.0)
+    assert own["low"] == pytest.approx(3 / 10) and own["high"] == pytest.approx(6 / 10)
+    assert own["saw"] == pytest.approx(5 / 20)  # 20..25 and 25..40
+    assert dl.own_window_tok_s([rec(0, "low", 0, 1.0, 3)], w, 40.0)["low"] is None  # no token times: unknown
+    row = dl.record_row(a)
+    assert row["token_times"] == [[3.0, 1], [9.0, 3], [12.0, 4]] and "text" not in row and row["phase"] == "low"
+
+
 def test_dynamic_ratios():
     phases = ["low", "high"]
     res = {
@@ -182,6 +199,14 @@ def test_dynamic_ratios():
     assert dl.dynamic_ratios({"nosd": res["nosd"]}, phases)["overall_vs_nosd"] is None
     assert "overall_vs_nosd_nodraft" not in r  # only a memory-tight run has the no-draft baseline
     assert "oracle_worst_phase_vs_best_static" not in dl.dynamic_ratios({k: res[k] for k in ("nosd", "nightjar")}, phases)
+    assert "worst_phase_own_window_vs_best_static" not in r  # no token times in these summaries
+    own = {"nosd": (10, 100), "static-2": (16, 80), "nightjar": (15.2, 99), "oracle": (16, 90)}
+    for pol, (low, high) in own.items():
+        res[pol]["low"]["own_window_tok_s"], res[pol]["high"]["own_window_tok_s"] = low, high
+    r = dl.dynamic_ratios(res, phases)
+    assert r["worst_phase_own_window_vs_best_static"] == pytest.approx(0.95)  # low: 15.2 / 16
+    assert r["oracle_worst_phase_own_window_vs_best_static"] == pytest.approx(0.9)  # high: 90 / 100
+    assert r["worst_phase_vs_best_static"] == pytest.approx(0.95)  # the figure is unchanged
 
 
 def test_memory_tight_ratios_keep_the_no_draft_baseline_out_of_the_statics():

@@ -71,21 +71,38 @@ def test_metrics_parsing_and_label_filtered_sums():
 
 
 class _StreamingServer:
-    """Stands in for the OpenAI client: each request streams ``tokens`` chunks ``per_token_s`` apart."""
+    """Stands in for the OpenAI client: each request streams ``tokens`` chunks ``per_token_s`` apart,
+    then a usage chunk; with ``continuous_usage_stats`` asked, every chunk carries the count so far (as vLLM's)."""
 
     def __init__(self, per_token_s: float, tokens: int = 4) -> None:
         self.per_token_s, self.tokens = per_token_s, tokens
         self.chat = self
         self.completions = self
 
-    async def create(self, **_kw):
+    async def create(self, **kw):
+        continuous = kw.get("stream_options", {}).get("continuous_usage_stats", False)
+
         async def stream():
-            for _ in range(self.tokens):
+            for i in range(self.tokens):
                 await asyncio.sleep(self.per_token_s)
-                yield SimpleNamespace(choices=[SimpleNamespace(delta=SimpleNamespace(content="x"))], usage=None)
+                usage = SimpleNamespace(completion_tokens=i + 1) if continuous else None
+                yield SimpleNamespace(choices=[SimpleNamespace(delta=SimpleNamespace(content="x"))], usage=usage)
             yield SimpleNamespace(choices=[], usage=SimpleNamespace(completion_tokens=self.tokens))
 
         return stream()
+
+
+def test_each_token_is_dated_from_the_run_start():
+    phases = [Phase(5.0, 0.4, name="a")]
+    prompts = [loadgen.Prompt(q, "c", f"prompt {q}") for q in range(10)]
+    recs = asyncio.run(loadgen.run_load(_StreamingServer(0.02, tokens=5), "m", prompts, phases, seed=1))
+    done = [r for r in recs if r.error is None]
+    assert done
+    for r in done:
+        assert [n for _, n in r.token_times] == [1, 2, 3, 4, 5] and r.output_tokens == 5
+        times = [t for t, _ in r.token_times]
+        assert times == sorted(times) and r.start_s + r.ttft_s <= times[0] + 1e-6
+        assert times[-1] <= r.end_s + 1e-6 and times[-1] - times[0] >= 4 * 0.02 * 0.9
 
 
 def test_capped_phases_serve_the_same_prompt_sequence_at_any_speed():

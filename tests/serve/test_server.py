@@ -6,11 +6,13 @@ One server for the whole module (start-up dominates: about a minute on 2 cores).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
 import httpx
 import pytest
+from nightjar_worker import loadgen
 from nightjar_worker.loadgen import metric_sum, parse_metrics
 from nightjar_worker.runtime_config import WorkerRuntimeConfig, write_config_atomically
 from nightjar_worker.serve import ServerProcess
@@ -74,6 +76,25 @@ def test_bad_requests_get_vllm_4xx(server):
     assert r.status_code == 400 and "temperature" in r.text
     r = httpx.post(server.url + "/v1/chat/completions", json={"model": server.model_name()}, timeout=30)
     assert 400 <= r.status_code < 500 and "messages" in r.text
+
+
+def test_streamed_tokens_are_counted_and_dated(server):
+    """vLLM's continuous usage stats give the load generator every chunk's token count: the token
+    times bench-dynamic's per-phase figures read."""
+    from openai import AsyncOpenAI
+
+    async def go():
+        async with AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+            rec = loadgen.RequestRecord(0, 0, "c", "p", start_s=0.0)
+            prompt = loadgen.Prompt(0, "c", "Write three sentences about the sea.")
+            return await loadgen.one_request(client, server.model_name(), prompt, rec, max_tokens=16,
+                                             temperature=0.0, t_run0=time.perf_counter())
+
+    rec = asyncio.run(go())
+    assert rec.error is None and rec.output_tokens >= 2
+    counts = [n for _, n in rec.token_times]
+    assert len(counts) >= 2 and counts == sorted(set(counts)) and counts[-1] == rec.output_tokens
+    assert rec.token_times[-1][0] <= rec.end_s + 1e-6
 
 
 def test_metrics_exported_and_moving(server):

@@ -4,7 +4,8 @@ Arrivals are Poisson with a piecewise-constant rate (``Phase``), optionally capp
 number of requests in flight (``max_concurrency``: with a rate well above the service rate this is
 the usual "concurrency c" operating point). Prompts are Spec-Bench first turns, sampled by category.
 Each request is streamed so TTFT is measured at the first content chunk; the token count comes from
-the final usage chunk (with speculation one chunk can carry several tokens).
+the usage vLLM reports on every chunk (``continuous_usage_stats``: with speculation one chunk can
+carry several tokens), which also dates each token (``RequestRecord.token_times``).
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ class RequestRecord:
     text: str = ""
     error: str | None = None
     dropped: bool = False
+    # (seconds since the run start, completion tokens so far) at each chunk that moved the count: when
+    # the request's tokens came out, e.g. which of them fell inside a phase's window
+    token_times: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def tpot_s(self) -> float | None:
@@ -163,16 +167,19 @@ async def one_request(
             max_tokens=max_tokens,
             temperature=temperature,
             stream=True,
-            stream_options={"include_usage": True},
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
         )
         async for chunk in stream:
+            now = time.perf_counter()
             if chunk.choices:
                 delta = chunk.choices[0].delta.content or ""
                 if delta and rec.ttft_s is None:
-                    rec.ttft_s = time.perf_counter() - t0
+                    rec.ttft_s = now - t0
                 parts.append(delta)
-            if getattr(chunk, "usage", None):
-                rec.output_tokens = chunk.usage.completion_tokens
+            usage = getattr(chunk, "usage", None)
+            if usage and usage.completion_tokens > rec.output_tokens:
+                rec.output_tokens = usage.completion_tokens
+                rec.token_times.append((now - t_run0, rec.output_tokens))
         rec.e2e_s = time.perf_counter() - t0
         if rec.ttft_s is None:
             rec.ttft_s = rec.e2e_s
