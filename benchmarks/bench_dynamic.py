@@ -413,7 +413,8 @@ class Bench:
 
     # --- output ---------------------------------------------------------------------------------
     def report(self) -> dict:
-        ratios = dynamic_lib.dynamic_ratios(self.results, self.names)
+        ratios = dynamic_lib.dynamic_ratios(self.results, self.names,
+                                            phase_s=dynamic_lib.phase_lengths(self.windows))
         per_phase_oracle = {}
         if "oracle" in self.results and "nightjar" in self.results:
             per_phase_oracle = {n: self.results["nightjar"][n]["output_tok_s"] / self.results["oracle"][n]["output_tok_s"]

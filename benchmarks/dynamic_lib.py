@@ -93,6 +93,14 @@ def phase_windows(phases: Sequence[Phase]) -> list[tuple[str, float, float]]:
     return out
 
 
+def phase_lengths(windows: Sequence[tuple[str, float, float]]) -> dict[str, float]:
+    """Seconds of the trace each phase name holds (a sawtooth's teeth summed)."""
+    out: dict[str, float] = defaultdict(float)
+    for name, a, b in windows:
+        out[name] += b - a
+    return dict(out)
+
+
 def phase_of(t: float, windows: Sequence[tuple[str, float, float]]) -> str:
     """Name of the phase containing ``t`` (after the last: ``drain``)."""
     for name, a, b in windows:
@@ -137,9 +145,7 @@ def own_window_tok_s(
             if any(name == r.phase and a <= t < b for name, a, b in spans):
                 toks[r.phase] += n - prev
             prev = n
-    length: dict[str, float] = defaultdict(float)
-    for name, a, b in spans:
-        length[name] += b - a
+    length = phase_lengths(spans)
     return {name: toks[name] / length[name] if name in timed and length[name] > 0 else None for name in length}
 
 
@@ -403,12 +409,31 @@ def _vs_best_static(
     return out
 
 
+def _own_window_envelope(
+    results: Mapping[str, Mapping[str, Mapping[str, Any]]], pol: str, st: Sequence[str],
+    phase_s: Mapping[str, float],
+) -> dict[str, float]:
+    """Own-window tok/s averaged over the trace (each phase weighted by its length): ``pol`` and the
+    best static of every phase, both over no-SD. The second is what switching to each phase's best
+    fixed gamma, for free and knowing the phases, would reach: a ceiling for a gamma policy on this
+    trace and machine, not counting what a policy gains by choosing per batch inside a phase."""
+    def mean(rate: Any) -> float:
+        return sum(rate(ph) * s for ph, s in phase_s.items()) / sum(phase_s.values())
+    base = mean(lambda ph: _tput(results, "nosd", ph, "own_window_tok_s"))
+    if base <= 0:
+        return {}
+    return {"own_window_overall_vs_nosd": mean(lambda ph: _tput(results, pol, ph, "own_window_tok_s")) / base,
+            "best_static_per_phase_vs_nosd":
+                mean(lambda ph: max(_tput(results, p, ph, "own_window_tok_s") for p in st)) / base}
+
+
 def dynamic_ratios(
     results: Mapping[str, Mapping[str, Mapping[str, Any]]],
     phases: Sequence[str],
     adaptive: str = "nightjar",
     statics: Sequence[str] = ("nosd", "static-1", "static-2", "static-3", "static-4"),
     oracle: str = "oracle",
+    phase_s: Mapping[str, float] | None = None,
 ) -> dict[str, float | None]:
     """The RESULT figures. ``results[policy][phase | 'overall']`` holds loadgen summaries. "Best
     static" is taken over every fixed gamma in the run, no-SD (gamma 0) included, per phase; for the
@@ -421,7 +446,9 @@ def dynamic_ratios(
     of a few requests move with one request's finish). ``worst_phase_own_window_vs_best_static`` (and
     the oracle's), when the records carry token times: the worst phase by ``own_window_tok_s``, what
     each phase's own requests got out while the phase lasted; reported beside the issue's figure, not
-    in its place."""
+    in its place. With ``phase_s`` (seconds per phase) and token times, ``own_window_overall_vs_nosd``
+    and ``best_static_per_phase_vs_nosd`` (see ``_own_window_envelope``): how much a perfect choice of
+    fixed gamma per phase could gain over no-SD, against what the adaptive policy gained."""
     st = [p for p in statics if p in results]
     out: dict[str, float | None] = dict.fromkeys(
         ("worst_phase_vs_best_static", "overall_vs_nosd", "overall_vs_best_static",
@@ -430,6 +457,8 @@ def dynamic_ratios(
         return out
     if st:
         out.update(_vs_best_static(results, adaptive, phases, st))
+        if phase_s and "nosd" in st and "worst_phase_own_window_vs_best_static" in out:
+            out.update(_own_window_envelope(results, adaptive, st, phase_s))
     if "nosd" in results and _tput(results, "nosd", "overall") > 0:
         out["overall_vs_nosd"] = _tput(results, adaptive, "overall") / _tput(results, "nosd", "overall")
     if "nosd-nodraft" in results and _tput(results, "nosd-nodraft", "overall") > 0:

@@ -174,6 +174,7 @@ def test_own_window_counts_a_phase_own_tokens_inside_its_windows():
     own = dl.own_window_tok_s([a, b, c, d], w, run_end=40.0)
     assert own["low"] == pytest.approx(3 / 10) and own["high"] == pytest.approx(6 / 10)
     assert own["saw"] == pytest.approx(5 / 20)  # 20..25 and 25..40
+    assert dl.phase_lengths(w) == {"low": 10.0, "high": 10.0, "saw": 10.0}  # teeth summed
     assert dl.own_window_tok_s([rec(0, "low", 0, 1.0, 3)], w, 40.0)["low"] is None  # no token times: unknown
     row = dl.record_row(a)
     assert row["token_times"] == [[3.0, 1], [9.0, 3], [12.0, 4]] and "text" not in row and row["phase"] == "low"
@@ -207,6 +208,12 @@ def test_dynamic_ratios():
     assert r["worst_phase_own_window_vs_best_static"] == pytest.approx(0.95)  # low: 15.2 / 16
     assert r["oracle_worst_phase_own_window_vs_best_static"] == pytest.approx(0.9)  # high: 90 / 100
     assert r["worst_phase_vs_best_static"] == pytest.approx(0.95)  # the figure is unchanged
+    assert "best_static_per_phase_vs_nosd" not in r  # no phase lengths given
+    r = dl.dynamic_ratios(res, phases, phase_s={"low": 30, "high": 10})
+    # no-SD averages (10 * 30 + 100 * 10) / 40 = 32.5 tok/s; the best static per phase (16 in low,
+    # 100 in high) 37; Nightjar (15.2, 99) 36.15
+    assert r["best_static_per_phase_vs_nosd"] == pytest.approx(37 / 32.5)
+    assert r["own_window_overall_vs_nosd"] == pytest.approx(36.15 / 32.5)
 
 
 def test_memory_tight_ratios_keep_the_no_draft_baseline_out_of_the_statics():
