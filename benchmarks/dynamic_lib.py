@@ -183,9 +183,7 @@ def step_phase_stats(
             acc[phase_of(t, windows)].append(s)
         elif t < run_end:
             acc[windows[-1][0]].append(s)
-    span: dict[str, float] = defaultdict(float)
-    for name, a, b in _phase_spans(windows, run_end):
-        span[name] += b - a
+    span = phase_lengths(_phase_spans(windows, run_end))
     span["overall"] = run_end if unix1 is not None else last
     out: dict[str, dict[str, float | None]] = {}
     for name in [*dict.fromkeys(w[0] for w in windows), "overall"]:
