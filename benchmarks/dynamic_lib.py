@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from nightjar_worker.engine.step_stats import StepStats
@@ -390,13 +390,19 @@ def _worst_phase(
     return min(per) if per else None
 
 
+def _own_window_known(results: Mapping[str, Mapping[str, Mapping[str, Any]]], pols: Iterable[str],
+                      phases: Iterable[str]) -> bool:
+    """Whether every policy's summaries carry ``own_window_tok_s`` (the records had token times)."""
+    return all(results[p][ph].get("own_window_tok_s") is not None for p in pols for ph in phases)
+
+
 def _vs_best_static(
     results: Mapping[str, Mapping[str, Mapping[str, Any]]], pol: str, phases: Sequence[str], st: Sequence[str],
 ) -> dict[str, float | None]:
     """``pol`` against the best of the fixed gammas ``st``: the worst phase, overall throughput and
     the overall p99 latencies (for those the lowest static p99 is the best)."""
     out: dict[str, float | None] = {"worst_phase_vs_best_static": _worst_phase(results, pol, phases, st)}
-    if all(results[p][ph].get("own_window_tok_s") is not None for p in (pol, *st) for ph in phases):
+    if _own_window_known(results, (pol, *st), phases):
         out["worst_phase_own_window_vs_best_static"] = _worst_phase(results, pol, phases, st, "own_window_tok_s")
     best = max(_tput(results, p, "overall") for p in st)
     out["overall_vs_best_static"] = _tput(results, pol, "overall") / best if best > 0 else None
@@ -415,7 +421,7 @@ def _own_window_envelope(
     best static of every phase, both over no-SD. The second is what switching to each phase's best
     fixed gamma, for free and knowing the phases, would reach: a ceiling for a gamma policy on this
     trace and machine, not counting what a policy gains by choosing per batch inside a phase."""
-    def mean(rate: Any) -> float:
+    def mean(rate: Callable[[str], float]) -> float:
         return sum(rate(ph) * s for ph, s in phase_s.items()) / sum(phase_s.values())
     base = mean(lambda ph: _tput(results, "nosd", ph, "own_window_tok_s"))
     if base <= 0:
@@ -455,7 +461,7 @@ def dynamic_ratios(
         return out
     if st:
         out.update(_vs_best_static(results, adaptive, phases, st))
-        if phase_s and "nosd" in st and "worst_phase_own_window_vs_best_static" in out:
+        if phase_s and "nosd" in st and _own_window_known(results, (adaptive, *st), phase_s):
             out.update(_own_window_envelope(results, adaptive, st, phase_s))
     if "nosd" in results and _tput(results, "nosd", "overall") > 0:
         out["overall_vs_nosd"] = _tput(results, adaptive, "overall") / _tput(results, "nosd", "overall")
