@@ -13,7 +13,7 @@ K8S_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 CACHE="${NIGHTJAR_CACHE:-$HOME/.cache/nightjar}/k8s"
 BIN="$CACHE/bin"
 SRC="$CACHE/src"
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 log() { echo "[build-apiserver] $*" >&2; }
 

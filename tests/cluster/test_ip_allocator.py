@@ -1,7 +1,7 @@
 """Pure logic of the node agent's loopback pod-IP allocation (no cluster needed)."""
 
 import pytest
-from nightjar_operator.testing.node_agent import IpAllocator, loopback_pool
+from nightjar_operator.testing.fake_kubelet import IpAllocator, loopback_pool
 
 
 def test_pool_starts_at_2_and_skips_network_and_broadcast_octets():

@@ -1,11 +1,13 @@
-"""A real Kubernetes control plane on loopback for tests: etcd + kube-apiserver (+ controller-manager,
-scheduler) 1.20 built from Debian's source package by ``scripts/k8s/build-apiserver.sh``, plus the
-project's node agent (:mod:`nightjar_operator.testing.node_agent`).
+"""A real Kubernetes control plane for tests: etcd + kube-apiserver (+ controller-manager, scheduler)
+1.20 built from Debian's source package by ``scripts/k8s/build-apiserver.sh``, and one of two kinds
+of node:
 
-Containers never run here: there is no kubelet and no container runtime. The node agent only *reports*
-pods bound to its node(s) as Running/Ready and gives each a loopback pod IP (127.0.0.x), so the real
-controllers compute ``readyReplicas`` and Service endpoints. A test that needs something to answer at a
-pod IP starts that process itself, bound to the pod IP.
+- ``kubelet=True``: a real node (:mod:`nightjar_operator.testing.kubelet_node`): kubelet, kube-proxy,
+  containerd, runc and CNI. Containers really run, from images imported into containerd. Needs root;
+  one per machine. The apiserver then listens on the node address (10.245.0.1), which pods reach.
+- default: the fake kubelet (:mod:`nightjar_operator.testing.fake_kubelet`), for tests that need many
+  nodes or GPUs and no containers: it only *reports* pods as Running/Ready with loopback pod IPs
+  (127.0.0.x); a test that needs something to answer at a pod IP starts that process itself.
 
 Library use::
 
@@ -33,6 +35,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -46,8 +49,11 @@ DEFAULT_STATE_DIR = CACHE_DIR / "k8s" / "run"
 # source patches (e.g. without the loopback-Endpoints one) count as missing.
 BUILD_RECIPE = "2 reflect2-1.0.2 loopback-endpoints"
 CONTROL_PLANE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+# Stop order: the node before the control plane (its clean-up still talks to containerd).
+STOP_ORDER = ("fake-kubelet", "kube-proxy", "kubelet", "containerd", "kube-scheduler",
+              "kube-controller-manager", "kube-apiserver", "etcd")
 SERVICE_CIDR = "10.0.0.0/24"
-# Annotation a test may set on a pod (template) to choose its loopback IP(s); see node_agent.
+# Annotation a test may set on a pod (template) to choose its loopback IP(s); see fake_kubelet.
 POD_IP_ANNOTATION = "nightjar.dev/test-pod-ip"
 POD_READINESS_ANNOTATION = "nightjar.dev/test-readiness"
 
@@ -132,25 +138,39 @@ class LocalCluster:
         bin_dir: Path = BIN_DIR,
         controllers: bool = True,
         node_agent: bool = True,
+        kubelet: bool = False,
         detach: bool = False,
     ) -> None:
         """``controllers``: run controller-manager + scheduler (Deployments -> pods, endpoints, SA
-        tokens). ``node_agent``: register ``nodes`` Ready nodes that report pods Running/Ready.
-        ``detach``: leave the processes running when this object goes away (the CLI ``up``)."""
+        tokens). ``node_agent``: the fake kubelet registers ``nodes`` Ready nodes that report pods
+        Running/Ready. ``kubelet``: one real node instead (containers run; root). ``detach``: leave
+        the processes running when this object goes away (the CLI ``up``)."""
+        from nightjar_operator.testing import kubelet_node
+
+        if kubelet and nodes != 1:
+            raise ValueError("a real node is one node: nodes must be 1 with kubelet=True")
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="nightjar-k8s-"))
         self.nodes = nodes
         self.bin_dir = Path(bin_dir)
         self.controllers = controllers
-        self.with_node_agent = node_agent
+        self.with_kubelet = kubelet
+        self.with_node_agent = node_agent and not kubelet
         self.detach = detach
-        self.node_names = [f"nightjar-node-{i}" for i in range(nodes)] if node_agent else []
-        self.node_ips = ["127.0.0.1"] if node_agent else []
+        self.node: kubelet_node.KubeletNode | None = (
+            kubelet_node.KubeletNode(self.workdir, self.bin_dir, CACHE_DIR) if kubelet else None)
+        if kubelet:
+            self.node_names = [kubelet_node.NODE_NAME]
+        else:
+            self.node_names = [f"nightjar-node-{i}" for i in range(nodes)] if node_agent else []
+        self.node_ips = [kubelet_node.NODE_IP] if kubelet else (["127.0.0.1"] if node_agent else [])
+        # Where the apiserver listens: the node address when pods must reach it.
+        self.host = kubelet_node.NODE_IP if kubelet else "127.0.0.1"
         self.token = ""
         self.server = ""
         self.etcd_url = ""
         self._procs: dict[str, subprocess.Popen] = {}
-        self._restartable = {"kube-controller-manager", "kube-scheduler"}
+        self._restartable = {"kube-controller-manager", "kube-scheduler", "kube-proxy"}
         self._restarts: dict[str, int] = {}
         self._pids: dict[str, int] = {}
         self.timings: dict[str, float] = {}
@@ -184,10 +204,18 @@ class LocalCluster:
 
     def start(self, timeout: float = 180.0) -> LocalCluster:
         missing = missing_binaries(self.bin_dir)
+        if self.with_kubelet:
+            from nightjar_operator.testing import kubelet_node
+
+            why = kubelet_node.can_run()
+            if why:
+                raise ClusterError(why)
+            missing += kubelet_node.missing(self.bin_dir)
         if missing:
             raise BinariesMissing(
                 f"missing {', '.join(missing)} (looked in {self.bin_dir} and PATH); run `make cluster-build`"
                 + (" and `make helm`" if "kubectl" in missing else "")
+                + (" and scripts/k8s/install-runtime.sh" if self.with_kubelet else "")
             )
         t0 = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -195,6 +223,8 @@ class LocalCluster:
         try:
             self._make_pki()
             self.timings["pki_s"] = time.monotonic() - t0
+            if self.node is not None:
+                self.node.prepare()  # the node address must exist before the apiserver binds it
             self._start_etcd()
             self._start_apiserver()
             self._write_kubeconfig(Path(self.kubeconfig), self.token)
@@ -202,7 +232,7 @@ class LocalCluster:
                 self._start_node_agent()  # it retries until the apiserver answers
             deadline = time.monotonic() + timeout
             port = int(self.server.rsplit(":", 1)[1])
-            self._wait(lambda: _port_open(port), deadline, "apiserver serving")
+            self._wait(lambda: _port_open(port, self.host), deadline, "apiserver serving")
             self.timings["apiserver_serving_s"] = time.monotonic() - t0
             if self.controllers:
                 # Not before the apiserver serves: controller-manager exits if /healthz is not OK within
@@ -214,7 +244,11 @@ class LocalCluster:
                 self.wait_service_account("default", "default", deadline=deadline)
                 self.timings["default_sa_s"] = time.monotonic() - t0
             if self.with_node_agent:
-                self._wait(self._nodes_ready, deadline, "node agent nodes Ready and untainted")
+                self._wait(self._nodes_ready, deadline, "fake kubelet nodes Ready and untainted")
+            if self.node is not None:
+                self.node.start(self._spawn, self.kubeconfig)
+                self._wait(self._nodes_ready, deadline, "kubelet node Ready and untainted")
+                self.timings["node_ready_s"] = time.monotonic() - t0
         except BaseException:
             self.stop()
             raise
@@ -224,14 +258,17 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Kill every process group we started (SIGKILL: nothing here needs a graceful shutdown)."""
-        order = ["node-agent", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
         pids = {**self._pids}
-        for name in order:
+        for name in STOP_ORDER:
+            if name == "containerd" and self.node is not None:
+                self.node.cleanup()  # pods' containers outlive the kubelet: remove them while containerd answers
             pid = pids.pop(name, None)
             proc = self._procs.get(name)
             # Attached (no Popen): make sure a recycled pid from a stale state file is not someone else's.
-            if pid is not None and (proc is not None or _cmdline_has(pid, name.replace("-", "_") if name == "node-agent" else name)):
+            if pid is not None and (proc is not None or _cmdline_has(pid, name.replace("-", "_") if name == "fake-kubelet" else name)):
                 _kill_group(pid, proc)
+        if self.node is not None:
+            self.node.cleanup()
         self._procs.clear()
         self._pids.clear()
         state = self.workdir / "state.json"
@@ -257,7 +294,7 @@ class LocalCluster:
         # EC P-256 keys: much faster to generate than RSA, accepted for TLS and SA token signing.
         ext = pki / "server.ext"
         ext.write_text(
-            "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+            f"subjectAltName=IP:127.0.0.1,IP:{self.host},IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
             "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
             "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
             "extendedKeyUsage=serverAuth\n"
@@ -307,13 +344,13 @@ class LocalCluster:
 
     def _start_apiserver(self) -> None:
         port = _free_port()
-        self.server = f"https://127.0.0.1:{port}"
+        self.server = f"https://{self.host}:{port}"
         pki = self.workdir / "pki"
         self._spawn("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1", f"--secure-port={port}", "--insecure-port=0",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.host}", f"--secure-port={port}", "--insecure-port=0",
+            f"--advertise-address={self.host}",
             f"--tls-cert-file={pki / 'server.crt'}", f"--tls-private-key-file={pki / 'server.key'}",
             f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={pki / 'tokens.csv'}",
             "--authorization-mode=RBAC",
@@ -321,16 +358,20 @@ class LocalCluster:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # Logs and exec reach a kubelet at its InternalIP: node names do not resolve here.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--allow-privileged=true", "--profiling=false", "--v=1",
         ])
 
     def _start_controllers(self) -> None:
         pki = self.workdir / "pki"
+        # No node IPAM (CNI's host-local assigns pod IPs); node lifecycle only with a real kubelet
+        # (the fake kubelet owns its nodes' health and taints itself).
+        lifecycle = "" if self.with_kubelet else ",-nodelifecycle"
         self._spawn("kube-controller-manager", [
             str(self.bin_dir / "kube-controller-manager"),
             f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--port=0", "--secure-port=0",
-            # No node IPAM / lifecycle: the node agent is the only "kubelet" and owns node health.
-            "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-attachdetach",
+            f"--controllers=*,-nodeipam{lifecycle},-cloud-node-lifecycle,-attachdetach",
             f"--service-account-private-key-file={pki / 'sa.key'}",
             f"--root-ca-file={pki / 'ca.crt'}",
             "--concurrent-deployment-syncs=5", "--profiling=false", "--v=1",
@@ -342,8 +383,8 @@ class LocalCluster:
         ])
 
     def _start_node_agent(self) -> None:
-        self._spawn("node-agent", [
-            sys.executable, "-m", "nightjar_operator.testing.node_agent",
+        self._spawn("fake-kubelet", [
+            sys.executable, "-m", "nightjar_operator.testing.fake_kubelet",
             "--kubeconfig", self.kubeconfig, "--nodes", str(self.nodes),
         ])
 
@@ -364,7 +405,7 @@ class LocalCluster:
         state = {
             "server": self.server, "kubeconfig": self.kubeconfig, "ca_file": self.ca_file,
             "token": self.token, "etcd_url": self.etcd_url, "pids": self._pids,
-            "node_names": self.node_names, "nodes": self.nodes,
+            "node_names": self.node_names, "nodes": self.nodes, "kubelet": self.with_kubelet,
         }
         (self.workdir / "state.json").write_text(json.dumps(state, indent=1))
 
@@ -376,7 +417,8 @@ class LocalCluster:
             state = json.loads((workdir / "state.json").read_text())
         except FileNotFoundError as e:
             raise ClusterError(f"no cluster state in {workdir} (run `make cluster-up`)") from e
-        c = cls(workdir, nodes=state["nodes"], detach=True)
+        c = cls(workdir, nodes=state["nodes"], kubelet=state.get("kubelet", False), detach=True)
+        c.host = urllib.parse.urlsplit(state["server"]).hostname or c.host
         c.server, c.token, c.etcd_url = state["server"], state["token"], state["etcd_url"]
         c._pids = {k: int(v) for k, v in state["pids"].items()}
         c.node_names = state["node_names"]
@@ -530,10 +572,10 @@ class LocalCluster:
         return out
 
 
-def _port_open(port: int) -> bool:
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((host, port)) == 0
 
 
 def _pid_alive(pid: int) -> bool:

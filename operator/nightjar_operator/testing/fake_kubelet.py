@@ -17,7 +17,7 @@ runtime here. The agent only does the API-side half of a kubelet's job so the re
 
 Runs as a subprocess of :class:`nightjar_operator.testing.cluster.LocalCluster`::
 
-    python -m nightjar_operator.testing.node_agent --kubeconfig admin.kubeconfig --nodes 1
+    python -m nightjar_operator.testing.fake_kubelet --kubeconfig admin.kubeconfig --nodes 1
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ HEARTBEAT_S = 10.0
 PROBE_S = 1.0
 RESYNC_S = 30.0
 
-log = logging.getLogger("nightjar.node_agent")
+log = logging.getLogger("nightjar.fake_kubelet")
 
 
 def _now() -> str:
