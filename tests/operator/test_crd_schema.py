@@ -74,7 +74,7 @@ def test_schema_carries_validations():
         "type": "number", "default": 0.99, "maximum": 1, "minimum": 0,
     }  # fmt: skip
     assert props["target"]["properties"]["source"]["oneOf"] == [
-        {"required": ["pvc"]}, {"required": ["uri"]}, {"required": ["imagePath"]},
+        {"required": ["pvc"]}, {"required": ["uri"]}, {"required": ["image"]}, {"required": ["imagePath"]},
     ]  # fmt: skip
     assert set(props["speculation"]["properties"]["offload"]["properties"]["policy"]["enum"]) == {"Auto", "Never"}
     cpu = props["resources"]["properties"]["requests"]["properties"]["cpu"]

@@ -17,7 +17,13 @@ from nightjar_operator.reconcile.children import (
     model_path,
 )
 from nightjar_operator.reconcile.config import engine_hash, live_priors
-from nightjar_operator.reconcile.status import Observed, compute_status, set_condition, status_patch
+from nightjar_operator.reconcile.status import (
+    Observed,
+    compute_status,
+    pod_problems,
+    set_condition,
+    status_patch,
+)
 from nightjar_operator.reconcile.validate import parse_spec
 
 OWNER = Owner(name="demo", namespace="ns1", uid="uid-1")
@@ -103,12 +109,68 @@ def test_model_sources(raw_spec):
     raw_spec["target"]["revision"] = "abc123"
     raw_spec["draft"]["source"] = {"imagePath": "/opt/models/draft"}
     spec = _spec(raw_spec)
-    assert model_path(spec.target) == "Qwen/Qwen2.5-7B-Instruct"
-    assert model_path(spec.draft) == "/opt/models/draft"
+    assert model_path(spec.target, "target") == "Qwen/Qwen2.5-7B-Instruct"
+    assert model_path(spec.draft, "draft") == "/opt/models/draft"
     dep = desired_deployment(OWNER, spec)
     args = _container(dep)["args"]
     assert args[args.index("--revision") + 1] == "abc123"
     assert not any("persistentVolumeClaim" in v for v in dep["spec"]["template"]["spec"]["volumes"])
+    assert "initContainers" not in dep["spec"]["template"]["spec"]
+
+
+def test_image_source_copies_the_model_in_an_init_container(raw_spec):
+    image = "ghcr.io/nightjar-dev/nightjar-models:smollm2-135m"
+    raw_spec["draft"]["source"] = {"image": {"reference": image, "path": "smollm2-135m-draft/"}}
+    spec = _spec(raw_spec)
+    pod = desired_deployment(OWNER, spec)["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]  # the target stays on its PVC
+    assert init["name"] == "model-draft" and init["image"] == image
+    env = {e["name"]: e["value"] for e in init["env"]}
+    assert env["SRC"] == "/models/smollm2-135m-draft" and env["DST"] == "/mnt/oci-models/draft"
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    worker = _container({"spec": {"template": {"spec": pod}}})
+    args = worker["args"]
+    assert args[args.index("--draft") + 1] == "/models/oci/draft"
+    mount = next(m for m in worker["volumeMounts"] if m["name"] == "oci-models")
+    assert mount == {"name": "oci-models", "mountPath": "/models/oci", "readOnly": True}
+    assert {"name": "oci-models", "emptyDir": {}} in pod["volumes"]
+    # The same files at another path, or another image, are another model.
+    other = _spec({**raw_spec, "draft": {**raw_spec["draft"], "source": {"image": {"reference": image, "path": "x"}}}})
+    assert other.draft.source.location() != spec.draft.source.location()
+
+
+def test_image_source_rejects_a_bad_reference(raw_spec):
+    raw_spec["draft"]["source"] = {"image": {"reference": "Not An Image"}}
+    spec, errs = parse_spec(raw_spec)
+    assert spec is None and any("draft.source.image.reference" in str(e) for e in errs), errs
+
+
+def _pod(name, *, init=(), containers=(), unschedulable=None):
+    st = {"initContainerStatuses": list(init), "containerStatuses": list(containers)}
+    if unschedulable:
+        st["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}]
+    return {"metadata": {"name": name}, "status": st}
+
+
+def test_pod_problems_name_pod_container_and_cause():
+    missing = {"name": "model-draft", "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s"}},
+               "lastState": {"terminated": {"exitCode": 2, "reason": "Error",
+                                            "message": "model image x has no /models/d/config.json\n"}}}
+    pull = {"name": "worker", "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "image y not present"}}}
+    starting = {"name": "worker", "state": {"waiting": {"reason": "ContainerCreating"}}}
+    pods = [_pod("a", init=[missing]), _pod("b", containers=[pull]), _pod("c", containers=[starting]),
+            _pod("d", unschedulable="0/1 nodes: Insufficient nvidia.com/gpu")]
+    got = pod_problems(pods)
+    assert got == [
+        "pod a init container model-draft: CrashLoopBackOff (exit code 2: model image x has no /models/d/config.json)",
+        "pod b container worker: ErrImageNeverPull (image y not present)",
+        "pod d: unschedulable: 0/1 nodes: Insufficient nvidia.com/gpu",
+    ]
+    status = compute_status({"metadata": {"name": "n", "generation": 1}, "spec": {}},
+                            Observed(deployment=None, pod_problems=got), now="t")
+    degraded = next(x for x in status["conditions"] if x["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "PodFailing" and "pod a init container" in degraded["message"]
+    assert pod_problems([_pod("e", containers=[starting])]) == []
 
 
 def test_service_selects_all_tracks(raw_spec):

@@ -140,8 +140,10 @@ def vllm_argv(args: argparse.Namespace, passthrough: Sequence[str]) -> list[str]
         "--max-model-len", str(args.max_model_len),
         "--middleware", ADMIN_MIDDLEWARE,
     ]
-    if "--served-model-name" not in passthrough:
-        argv += ["--served-model-name", target.name]
+    if not any(a == "--served-model-name" or a.startswith("--served-model-name=") for a in passthrough):
+        # In a pod the operator sets the NightjarDeployment's display name (spec.target.name): clients
+        # call the model by it, not by the directory the files were copied to.
+        argv += ["--served-model-name", os.environ.get("NIGHTJAR_TARGET_NAME") or target.name]
     if draft_s.lower() != "none":
         if not Path(draft_s).is_dir():
             raise SystemExit(f"--draft: {draft_s} is not a model directory (or pass --draft none)")

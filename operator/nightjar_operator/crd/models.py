@@ -59,23 +59,48 @@ class PvcSource(_Model):
     """Directory inside the volume (relative; empty for the volume root)."""
 
 
-class ModelSource(_Model):
-    """Where the model comes from: exactly one of pvc, uri or imagePath."""
+# An image reference: [registry[:port]/]repository[:tag][@digest] (no spaces, lower-case repository).
+IMAGE_REF_PATTERN = r"^[a-z0-9]+([._:/-][a-zA-Z0-9_.-]+)*(@sha256:[a-f0-9]{64})?$"
+MODELCAR_ROOT = "/models"
 
-    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["pvc"]}, {"required": ["uri"]}, {"required": ["imagePath"]}]})
+
+class ImageSource(_Model):
+    """Model files in an OCI image laid out as a "modelcar": directories under /models, and a shell
+    with cp (busybox). An init container copies the directory into a volume the worker reads."""
+
+    reference: str = Field(min_length=1, max_length=1024, pattern=IMAGE_REF_PATTERN)
+    """Image reference, e.g. ghcr.io/nightjar-dev/nightjar-models:smollm2-135m."""
+    path: str = Field("", max_length=1024, pattern=REL_PATH_PATTERN)
+    """Model directory under /models in the image (relative; empty for /models itself). It must hold
+    the model's config.json."""
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """imagePullPolicy of the init container that copies the model."""
+
+    def directory(self) -> str:
+        sub = self.path.strip("/")
+        return f"{MODELCAR_ROOT}/{sub}" if sub else MODELCAR_ROOT
+
+
+class ModelSource(_Model):
+    """Where the model comes from: exactly one of pvc, uri, image or imagePath."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["pvc"]}, {"required": ["uri"]}, {"required": ["image"]}, {"required": ["imagePath"]}]})
 
     pvc: PvcSource | None = None
     """A directory on a PersistentVolumeClaim."""
     uri: str | None = Field(None, max_length=2048, pattern=URI_PATTERN)
     """A URI the worker loads itself (hf://org/repo is passed to vLLM as a Hub repo id)."""
+    image: ImageSource | None = None
+    """A model image (modelcar layout), copied into the pod by an init container."""
     image_path: str | None = Field(None, max_length=1024, pattern=ABS_PATH_PATTERN)
     """An absolute path baked into the worker image."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSource:
-        given = [k for k in ("pvc", "uri", "imagePath") if getattr(self, to_snake(k)) is not None]
+        given = [k for k in ("pvc", "uri", "image", "imagePath") if getattr(self, to_snake(k)) is not None]
         if len(given) != 1:
-            raise ValueError(f"exactly one of pvc, uri, imagePath must be set (got {given or 'none'})")
+            raise ValueError(f"exactly one of pvc, uri, image, imagePath must be set (got {given or 'none'})")
         return self
 
     def location(self) -> tuple[str, str]:
@@ -84,6 +109,8 @@ class ModelSource(_Model):
             return ("pvc", f"{self.pvc.claim_name}/{self.pvc.path.strip('/')}")
         if self.uri is not None:
             return ("uri", self.uri.rstrip("/"))
+        if self.image is not None:
+            return ("oci", f"{self.image.reference}/{self.image.path.strip('/')}")
         return ("image", (self.image_path or "").rstrip("/"))
 
 

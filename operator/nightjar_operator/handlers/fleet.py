@@ -137,8 +137,7 @@ class PodTarget:
 
 def discover(api: Api, namespace: str, name: str, settings: FleetSettings) -> list[PodTarget]:
     """Running worker pods of ``name`` with a pod IP (both tracks)."""
-    sel = f"{c.LABEL_NAME}={c.WORKER_APP},{c.LABEL_DEPLOYMENT}={name}"
-    pods = api.request("GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": sel}).get("items", [])
+    pods = api.worker_pods(namespace, name)
     out: list[PodTarget] = []
     for p in pods:
         meta, st = p.get("metadata") or {}, p.get("status") or {}

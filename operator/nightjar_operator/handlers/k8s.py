@@ -15,6 +15,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from nightjar_operator import constants as c
+from nightjar_operator.reconcile.children import selector_string, service_selector
 
 # kind -> (API prefix, plural)
 KINDS: dict[str, tuple[str, str]] = {
@@ -82,6 +83,11 @@ class Api:
             if e.status == 404:
                 return None
             raise
+
+    def worker_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """Every worker pod of NightjarDeployment ``name`` (stable and candidate tracks)."""
+        query = {"labelSelector": selector_string(service_selector(name))}
+        return self.request("GET", f"/api/v1/namespaces/{namespace}/pods", query=query).get("items", [])
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]

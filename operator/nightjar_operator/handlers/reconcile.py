@@ -26,7 +26,13 @@ from nightjar_operator.metrics import metrics
 from nightjar_operator.reconcile.children import Owner, desired_children
 from nightjar_operator.reconcile.config import live_priors
 from nightjar_operator.reconcile.diff import Action, differences, plan, update_body
-from nightjar_operator.reconcile.status import Observed, compute_status, get_condition, status_patch
+from nightjar_operator.reconcile.status import (
+    Observed,
+    compute_status,
+    get_condition,
+    pod_problems,
+    status_patch,
+)
 from nightjar_operator.reconcile.validate import parse_spec, semantic_errors
 
 log = logging.getLogger("nightjar.operator")
@@ -141,6 +147,8 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
             observed.deployment = dep if dep is not None and any(
                 r.get("uid") == owner.uid for r in dep["metadata"].get("ownerReferences") or []
             ) else None
+            if observed.deployment is not None:
+                observed.pod_problems = pod_problems(api.worker_pods(owner.namespace, owner.name))
             return write_status(api, body, observed)
     except ApiException as e:
         m.reconcile_errors.labels(api_error_reason(e)).inc()

@@ -3,7 +3,7 @@
 Every child carries the owner reference (garbage collection on delete), the common labels, and
 ``nightjar.dev/desired-hash``: the hash of what the operator means the object to be, so a spec
 change that only *removes* something (which a subset comparison cannot see) still triggers an
-update. Containers never run on the test cluster; these objects are what a real kubelet would get.
+update. A model given as an image is copied into the pod by an init container (modelcar layout).
 """
 
 from __future__ import annotations
@@ -94,9 +94,57 @@ def _claims(spec: NightjarDeploymentSpec) -> list[str]:
     return sorted({m.source.pvc.claim_name for m in (spec.target, spec.draft) if m.source.pvc is not None})
 
 
-def model_path(model: ModelRef) -> str:
-    """What the worker gets as ``--model``/``--draft``."""
+# Model images are copied into this volume by one init container per model (role: target, draft).
+OCI_VOLUME = "oci-models"
+OCI_MOUNT = f"{c.MODELS_DIR}/oci"
+_COPY_TO = "/mnt/oci-models"
+# The init container's script: a clear error when the image lacks the model, then an atomic copy
+# (a copy cut short by a restart never looks complete). Its last log lines become the container's
+# termination message (FallbackToLogsOnError), which the operator reports in the Degraded condition.
+_COPY_SCRIPT = (
+    'if [ ! -f "$SRC/config.json" ]; then '
+    'echo "model image $IMAGE has no $SRC/config.json: expected a model directory under /models '
+    '(modelcar layout); $(dirname "$SRC") holds: $(ls "$(dirname "$SRC")" 2>&1 | head -20 | tr -s "\\n" " ")" >&2; '
+    "exit 2; fi; "
+    'rm -rf "$DST.partial" && cp -r "$SRC" "$DST.partial" && rm -rf "$DST" && mv "$DST.partial" "$DST" '
+    '&& echo "copied $IMAGE:$SRC to $DST ($(du -sh "$DST" | cut -f1))"'
+)
+
+
+def _model_roles(spec: NightjarDeploymentSpec) -> list[tuple[str, ModelRef]]:
+    return [("target", spec.target), ("draft", spec.draft)]
+
+
+def model_init_containers(spec: NightjarDeploymentSpec, security: dict[str, Any]) -> list[dict[str, Any]]:
+    """One init container per model whose source is an image (the modelcar convention)."""
+    out = []
+    for role, model in _model_roles(spec):
+        img = model.source.image
+        if img is None:
+            continue
+        out.append({
+            "name": f"model-{role}",
+            "image": img.reference,
+            "imagePullPolicy": img.pull_policy,
+            "command": ["sh", "-c", _COPY_SCRIPT],
+            "env": [
+                {"name": "IMAGE", "value": img.reference},
+                {"name": "SRC", "value": img.directory()},
+                {"name": "DST", "value": f"{_COPY_TO}/{role}"},
+            ],
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+            "securityContext": security,
+            "volumeMounts": [{"name": OCI_VOLUME, "mountPath": _COPY_TO}],
+        })
+    return out
+
+
+def model_path(model: ModelRef, role: str) -> str:
+    """What the worker gets as ``--model`` (role target) / ``--draft`` (role draft)."""
     src = model.source
+    if src.image is not None:
+        return f"{OCI_MOUNT}/{role}"
     if src.pvc is not None:
         sub = src.pvc.path.strip("/")
         base = f"{c.MODELS_DIR}/{src.pvc.claim_name}"
@@ -121,7 +169,7 @@ def _memory_env(spec: NightjarDeploymentSpec) -> str:
 
 # ------------------------------------------------------------------------------------- deployment
 def worker_args(spec: NightjarDeploymentSpec) -> list[str]:
-    args = ["--model", model_path(spec.target), "--draft", model_path(spec.draft)]
+    args = ["--model", model_path(spec.target, "target"), "--draft", model_path(spec.draft, "draft")]
     # The worker binds loopback by default; in a pod the kubelet probes and the Service need all interfaces.
     args += ["--config", c.CONFIG_PATH, "--host", "0.0.0.0", "--port", str(c.HTTP_PORT)]
     if spec.target.source.uri is not None and spec.target.revision:
@@ -186,6 +234,15 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
         {"name": "cache", "mountPath": c.CACHE_DIR},
         {"name": "shm", "mountPath": "/dev/shm"},
     ] + [{"name": f"model-{i}", "mountPath": f"{c.MODELS_DIR}/{claim}", "readOnly": True} for i, claim in enumerate(claims)]
+    security = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    init = model_init_containers(spec, security)
+    if init:
+        mounts.append({"name": OCI_VOLUME, "mountPath": OCI_MOUNT, "readOnly": True})
     volumes = [
         # No subPath: kubelet then swaps the file in place when the ConfigMap changes (live reload).
         {"name": "config", "configMap": {"name": c.config_map_name(name), "items": [{"key": c.CONFIG_KEY, "path": c.CONFIG_KEY}]}},
@@ -195,7 +252,7 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
     ] + [
         {"name": f"model-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         for i, claim in enumerate(claims)
-    ]
+    ] + ([{"name": OCI_VOLUME, "emptyDir": {}}] if init else [])
     container = {
         "name": "worker",
         "image": spec.image,
@@ -209,12 +266,7 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
         "startupProbe": _probe(period=10, failures=180),
         "readinessProbe": _probe(period=5, failures=3),
         "livenessProbe": _probe(period=15, failures=4, timeout=5),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": security,
         "volumeMounts": mounts,
     }
     # Without spare GPUs a surge pod can never schedule: replace in place instead.
@@ -254,6 +306,7 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
                         "fsGroup": c.WORKER_UID,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
+                    **({"initContainers": init} if init else {}),
                     "containers": [container],
                     "volumes": volumes,
                 },

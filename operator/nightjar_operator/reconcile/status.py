@@ -62,6 +62,47 @@ class Observed:
     deployment: dict[str, Any] | None = None  # live Deployment (with .status)
     invalid: list[str] = field(default_factory=list)  # InvalidSpec messages, each naming a field
     conflicts: list[str] = field(default_factory=list)  # children with our name owned by someone else
+    pod_problems: list[str] = field(default_factory=list)  # why worker pods do not start (pod_problems())
+
+
+# Waiting reasons that do not clear by themselves: the pod needs a fix (image, config, crash).
+_STUCK_REASONS = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CrashLoopBackOff",
+    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+})
+_MESSAGE_CHARS = 400
+
+
+def pod_problems(pods: list[dict[str, Any]]) -> list[str]:
+    """One line per worker pod that cannot start or keeps failing, naming the pod, the container and
+    the cause (the kubelet's reason, the exit code and the container's termination message)."""
+    out: list[str] = []
+    for pod in pods:
+        meta, st = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        name = meta.get("name", "?")
+        sched = get_condition(st.get("conditions"), "PodScheduled")
+        if sched and sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
+            out.append(f"pod {name}: unschedulable: {sched.get('message', '')}"[:_MESSAGE_CHARS])
+            continue
+        for kind, key in (("init container", "initContainerStatuses"), ("container", "containerStatuses")):
+            for cs in st.get(key) or []:
+                state = cs.get("state") or {}
+                waiting = state.get("waiting") or {}
+                term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+                failed_now = bool(state.get("terminated")) and term.get("exitCode", 0) != 0
+                if waiting.get("reason") not in _STUCK_REASONS and not failed_now:
+                    continue
+                reason = waiting.get("reason") or term.get("reason") or "Error"
+                detail = (term.get("message") or "").strip() if term.get("exitCode", 0) != 0 else ""
+                if term.get("exitCode", 0) != 0:
+                    detail = f"exit code {term.get('exitCode')}" + (f": {detail}" if detail else "")
+                else:
+                    detail = (waiting.get("message") or "").strip()
+                line = f"pod {name} {kind} {cs.get('name', '?')}: {reason}" + (f" ({detail})" if detail else "")
+                out.append(" ".join(line.split())[:_MESSAGE_CHARS])
+    return out
 
 
 def _deployment_condition(dep: dict[str, Any], ctype: str) -> dict[str, Any] | None:
@@ -91,6 +132,9 @@ def compute_status(body: dict[str, Any], observed: Observed, now: str | None = N
     degraded = ("False", "AsExpected", "no failure reported")
     if observed.conflicts:
         degraded = ("True", "ChildConflict", "; ".join(observed.conflicts))
+    elif observed.pod_problems:
+        more = len(observed.pod_problems) - 3
+        degraded = ("True", "PodFailing", "; ".join(observed.pod_problems[:3]) + (f" (+{more} more)" if more > 0 else ""))
     elif dep is not None:
         prog = _deployment_condition(dep, "Progressing")
         fail = _deployment_condition(dep, "ReplicaFailure")

@@ -631,12 +631,23 @@ def _print_env(c: LocalCluster) -> None:
     print(f"export PATH=\"$PATH:{TOOLS_DIR}\"")
 
 
+# What `make images` builds (scripts/images/build.sh): imported into the real node's containerd.
+PROJECT_IMAGES = (
+    "localhost/nightjar/pause:3.9",
+    "ghcr.io/nightjar-dev/nightjar-operator:0.1.0",
+    "ghcr.io/nightjar-dev/nightjar-worker:0.1.0-cpu",
+    "ghcr.io/nightjar-dev/nightjar-models:smollm2-135m",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m nightjar_operator.testing.cluster",
-                                description="Loopback Kubernetes 1.20 test cluster (containers never run).")
+                                description="Kubernetes 1.20 test cluster: one real node (kubelet, containerd), "
+                                "or fake nodes where containers never run.")
     p.add_argument("command", choices=["up", "down", "env"])
     p.add_argument("--state-dir", default=os.environ.get("NIGHTJAR_K8S_STATE_DIR", str(DEFAULT_STATE_DIR)))
-    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--fake-nodes", type=int, default=0, metavar="N",
+                   help="N fake nodes (pods reported Running, nothing runs) instead of the real node")
     a = p.parse_args(argv)
     state_dir = Path(a.state_dir)
     existing: LocalCluster | None = None
@@ -650,9 +661,18 @@ def main(argv: list[str] | None = None) -> int:
         if existing is not None:
             existing.stop()
         shutil.rmtree(state_dir, ignore_errors=True)
-        c = LocalCluster(state_dir, nodes=a.nodes, detach=True).start()
+        real = a.fake_nodes == 0
+        c = LocalCluster(state_dir, nodes=a.fake_nodes or 1, kubelet=real, detach=True).start()
+        if real:
+            assert c.node is not None
+            built = [i for i in PROJECT_IMAGES if subprocess.run(
+                ["podman", "image", "exists", i], capture_output=True).returncode == 0]
+            c.node.import_images(built, log=lambda m: print(f"# {m}", file=sys.stderr))
+            if len(built) < len(PROJECT_IMAGES):
+                print(f"# not built (run `make images`): {sorted(set(PROJECT_IMAGES) - set(built))}", file=sys.stderr)
         print(f"# cluster up in {c.timings['start_s']:.1f}s: {c.server} (logs: {c.log_dir}); "
-              "containers never run here", file=sys.stderr)
+              + ("one real node, images imported" if real else f"{a.fake_nodes} fake node(s): containers never run"),
+              file=sys.stderr)
         _print_env(c)
         return 0
     if a.command == "down":

@@ -160,7 +160,8 @@ class KubeletNode:
             f"--root-dir={root}", f"--cert-dir={root / 'pki'}",
             # A test machine's disk is shared: never evict or garbage-collect the imported images.
             "--image-gc-high-threshold=100", "--image-gc-low-threshold=99", "--eviction-hard=",
-            "--serialize-image-pulls=false", "--max-pods=60", "--v=1",
+            # ConfigMap volumes (the fleet's priors) refresh within seconds, not a minute.
+            "--sync-frequency=10s", "--serialize-image-pulls=false", "--max-pods=60", "--v=1",
         ])
         spawn("kube-proxy", [
             str(self.bin_dir / "kube-proxy"),

@@ -1,0 +1,28 @@
+# Container images and the real test node (owner: images / cluster harness). See docs/install.md.
+# `make images` builds with buildah, podman or docker; on a machine that reaches no registry the
+# bases are bootstrapped from Debian's packages (scripts/images/bootstrap-base.sh). Layers are cached.
+IMAGES ?= operator worker-cpu models pause
+VERSION ?= 0.1.0
+
+.PHONY: runtime images images-constraints e2e kind-load
+
+runtime: ## containerd, runc, CNI plugins, podman/buildah, debootstrap from Debian (root; idempotent)
+	bash scripts/k8s/install-runtime.sh
+
+images: runtime models ## build the images ($(IMAGES)); IMAGES=worker-cuda for the CUDA worker (not built here)
+	VERSION=$(VERSION) MODELS_DIR=$(MODELS_DIR) bash scripts/images/build.sh $(IMAGES)
+
+images-constraints: install ## pin the images' Python packages to the versions the tests run with
+	{ sed -n '1,2p' images/constraints.txt; $(PIP) freeze --exclude-editable | grep -v -E '^(torchvision|torchaudio|torchcodec|triton)=='; } > images/constraints.txt.new
+	mv images/constraints.txt.new images/constraints.txt
+
+# The user's journey on the real node: helm install -> NightjarDeployment -> chat completion ->
+# Prometheus -> fleet priors -> failure drills -> helm uninstall (tests/e2e).
+e2e: install cluster-build helm prometheus images ## the end-to-end test on a real kubelet (root)
+	$(VENV)/bin/pytest -q tests/e2e
+
+# For users with Docker and kind: load the locally built images into a kind cluster (not run here).
+kind-load: ## load the built images into the kind cluster $(KIND_CLUSTER)
+	bash scripts/images/kind-load.sh $(KIND_CLUSTER)
+
+TEST_DEPS += runtime images

@@ -1,0 +1,341 @@
+"""The user's journey on a real kubelet, in the order a platform engineer lives it (docs/install.md
+runs the same commands):
+
+1. ``helm install`` the chart (local images) -> the operator pod Running under the chart's ServiceAccount;
+2. ``kubectl apply`` a NightjarDeployment (worker image, model image) -> the worker pod Ready;
+3. a greedy chat completion through the Service equals the same request served by the worker outside
+   the cluster;
+4. a real Prometheus, discovering pods through the apiserver, scrapes ``nightjar_*`` from the worker and
+   the operator, and every Grafana panel's query returns data;
+5. the fleet loop writes priors into the ConfigMap and the worker reports applying them;
+6. failure drills: bad resources reported naming the field, a model image without the model, the worker
+   killed under load, the operator killed mid-rollout;
+7. ``helm uninstall`` after deleting the CRs leaves no object and no stuck finalizer.
+
+The tests share one installation and run in file order; each step's seconds go to build/e2e-timings.json.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "observability"))
+from promutil import RULE_FILES, WORKER_METRIC_RELABEL, Prometheus, has_data, panel_queries  # noqa: E402
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+
+RELEASE, SYSTEM_NS, NS = "nightjar", "nightjar-system", "e2e"
+SAMPLE = ROOT / "manifests" / "samples" / "smollm2-oci.yaml"
+NAME = "smollm2"
+MODEL = "smollm2-135m-instruct"
+MESSAGES = [{"role": "user", "content": "Write a haiku about a nightjar."}]
+OPERATOR_ENV = [
+    # A short CPU run gives little planner evidence: accept priors from one observation, tick often.
+    {"name": "NIGHTJAR_FLEET_PRIORS_MIN_COUNT", "value": "0.5"},
+    {"name": "NIGHTJAR_FLEET_INTERVAL_S", "value": "5"},
+    {"name": "NIGHTJAR_OPERATOR_RESYNC_SECONDS", "value": "10"},
+]
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = cond()
+        except (httpx.HTTPError, subprocess.SubprocessError, KeyError) as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def chat(base: str, *, max_tokens: int = 32, timeout: float = 120) -> str:
+    r = httpx.post(f"{base}/v1/chat/completions", timeout=timeout, json={
+        "model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0})
+    r.raise_for_status()
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def get(node, kind: str, name: str, ns: str = NS) -> dict[str, Any] | None:
+    p = node.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    return json.loads(p.stdout) if p.returncode == 0 else None
+
+
+def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == ctype:
+            return cond
+    return {}
+
+
+def service_url(node, name: str = NAME) -> str:
+    svc = get(node, "service", name)
+    assert svc is not None, f"Service {name} missing"
+    return f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}"
+
+
+def worker_pods(node, name: str = NAME) -> list[dict[str, Any]]:
+    out = node.kubectl("get", "pods", "-n", NS, "-l", f"nightjar.dev/deployment={name}", "-o", "json").stdout
+    return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return condition(pod, "Ready").get("status") == "True"
+
+
+# ------------------------------------------------------------------------------------------- setup
+@pytest.fixture(scope="module")
+def reference() -> str:
+    """The same request served by the worker outside the cluster (same package, pair and arguments)."""
+    from nightjar_worker.serve import ServerProcess
+
+    with ServerProcess(["--kv-cache-gib", "1", "--max-model-len", "1024"],
+                       env={"NIGHTJAR_TARGET_NAME": MODEL}) as srv:
+        return chat(srv.url)
+
+
+@pytest.fixture(scope="module")
+def installed(node, timings, reference):
+    """helm install + the sample NightjarDeployment, Ready."""
+    timings.lap("reference completion outside the cluster")
+    env = json.dumps(OPERATOR_ENV)
+    node.kubectl("create", "namespace", NS)
+    subprocess.run(["helm", "install", RELEASE, str(ROOT / "charts" / "nightjar"), "-n", SYSTEM_NS, "--create-namespace",
+                    "--set-json", f"operator.extraEnv={env}", "--wait", "--timeout", "5m"],
+                   env=node.env, check=True, capture_output=True, text=True, timeout=330)
+    timings.lap("helm install: operator pod Ready")
+    node.kubectl("apply", "-n", NS, "-f", str(SAMPLE))
+    wait_for(lambda: condition(get(node, "njd", NAME), "Ready").get("status") == "True", 600,
+             f"NightjarDeployment {NAME} Ready")
+    timings.lap("kubectl apply NightjarDeployment: worker pod Ready")
+    yield node
+    timings.save({f"cluster_{k}": v for k, v in node.timings.items()})
+
+
+# ------------------------------------------------------------------------------------------ journey
+def test_operator_runs_under_the_charts_service_account(installed):
+    pods = json.loads(installed.kubectl("get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator",
+                                        "-o", "json").stdout)["items"]
+    assert len(pods) == 1 and pods[0]["status"]["phase"] == "Running"
+    assert pods[0]["spec"]["serviceAccountName"] == "nightjar-operator"
+    (cs,) = pods[0]["status"]["containerStatuses"]
+    assert cs["ready"] and cs["image"].endswith("nightjar-operator:0.1.0")
+
+
+def test_worker_pod_runs_the_images(installed):
+    (pod,) = worker_pods(installed)
+    assert ready(pod) and pod["status"]["podIP"].startswith("10.244.")
+    inits = {s["name"]: s["state"] for s in pod["status"]["initContainerStatuses"]}
+    assert set(inits) == {"model-target", "model-draft"}
+    assert all(s.get("terminated", {}).get("exitCode") == 0 for s in inits.values()), inits
+
+
+def test_completion_through_the_service_equals_the_worker_outside(installed, reference, timings):
+    got = chat(service_url(installed))
+    timings.lap("chat completion through the Service")
+    assert got == reference and got.strip()
+
+
+def _prometheus(node, workdir: Path) -> Prometheus:
+    """Pods discovered through the apiserver, relabelled as the chart's PodMonitor and ServiceMonitor do."""
+    sd = [{"role": "pod", "api_server": node.server, "authorization": {"credentials": node.token},
+           "tls_config": {"ca_file": node.ca_file}}]
+    common = [
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+    ]
+    workers = {
+        "job_name": "nightjar-workers", "scrape_interval": "2s", "scrape_timeout": "2s",
+        "kubernetes_sd_configs": sd, "metric_relabel_configs": WORKER_METRIC_RELABEL,
+        "relabel_configs": [
+            {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name",
+                               "__meta_kubernetes_pod_label_app_kubernetes_io_managed_by"],
+             "regex": "nightjar-worker;nightjar-operator", "action": "keep"},
+            {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "http", "action": "keep"},
+            *common,
+            {"source_labels": ["__meta_kubernetes_pod_label_nightjar_dev_deployment"], "target_label": "nightjar_deployment"},
+            {"source_labels": ["__meta_kubernetes_pod_label_nightjar_dev_track"], "target_label": "track"},
+        ],
+    }
+    operator = {
+        "job_name": "nightjar-operator", "scrape_interval": "2s", "scrape_timeout": "2s", "kubernetes_sd_configs": sd,
+        "relabel_configs": [
+            {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"], "regex": "operator",
+             "action": "keep"},
+            {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "metrics", "action": "keep"},
+            *common,
+        ],
+    }
+    return Prometheus(workdir, [workers, operator], RULE_FILES)
+
+
+def test_prometheus_scrapes_the_pods_and_every_panel_has_data(installed, tmp_path, timings):
+    prom = _prometheus(installed, tmp_path / "prom")
+    try:
+        wait_for(lambda: len(prom.query("up == 1")["result"]) >= 2, 60, "worker and operator targets up")
+        url = service_url(installed)
+        for _ in range(4):  # traffic, so the rates and histograms have samples in their windows
+            chat(url, max_tokens=24)
+            time.sleep(2)
+        time.sleep(6)
+        series = {s["metric"]["__name__"] for s in prom.query('{__name__=~"nightjar_.*"}')["result"]}
+        assert any(n.startswith("nightjar_operator_") for n in series), sorted(series)
+        assert {"nightjar_steps_total", "nightjar_gamma_current"} <= series, sorted(series)
+        empty = [(title, expr) for title, expr in panel_queries() if not has_data(prom.query(expr))]
+        timings.lap("Prometheus: targets discovered, panels queried")
+        assert not empty, "panels without data:\n" + "\n".join(f"{t}: {e}" for t, e in empty)
+    finally:
+        prom.stop()
+
+
+def test_fleet_priors_reach_the_worker(installed, timings):
+    def priors() -> dict[str, Any] | None:
+        cm = get(installed, "configmap", f"{NAME}-config")
+        doc = yaml.safe_load(((cm or {}).get("data") or {}).get("nightjar.yaml") or "{}") or {}
+        return (doc.get("priors") or {}).get("entries") and doc["priors"]
+
+    url = service_url(installed)
+    for _ in range(2):
+        chat(url, max_tokens=16)
+    wait_for(priors, 120, "priors from the fleet loop in the ConfigMap")
+    (pod,) = worker_pods(installed)
+    metrics = f"http://{pod['status']['podIP']}:8000/metrics"
+
+    def reloads() -> float:
+        text = httpx.get(metrics, timeout=5).text
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("nightjar_config_reloads_total"))
+
+    wait_for(lambda: reloads() >= 1, 120, "the worker applying the priors (nightjar_config_reloads_total)")
+    timings.lap("fleet priors written and applied by the worker")
+
+
+# ------------------------------------------------------------------------------------ failure drills
+def _bad(name: str, **source: Any) -> dict[str, Any]:
+    doc = yaml.safe_load(SAMPLE.read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"]["target"]["source"] = {"image": source}
+    return doc
+
+
+def test_invalid_resources_are_rejected_or_reported(installed, timings):
+    bad_field = _bad("bad-field", reference="ghcr.io/nightjar-dev/nightjar-models:smollm2-135m", path=MODEL)
+    bad_field["spec"]["speculation"]["maxGamma"] = -1
+    p = installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(bad_field), check=False)
+    assert p.returncode != 0 and "spec.speculation.maxGamma" in p.stderr, p.stderr
+
+    installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(
+        _bad("no-such-image", reference="ghcr.io/nightjar-dev/no-such-models:1", path=MODEL)))
+    installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(
+        _bad("empty-model", reference="ghcr.io/nightjar-dev/nightjar-models:smollm2-135m", path="no-such-model")))
+
+    def degraded(name: str) -> str | None:
+        cond = condition(get(installed, "njd", name), "Degraded")
+        return cond.get("status") == "True" and cond.get("reason") == "PodFailing" and cond["message"]
+
+    msg = wait_for(lambda: degraded("no-such-image"), 180, "Degraded for the unknown model image")
+    assert "init container model-target" in msg and ("ImagePull" in msg or "ErrImage" in msg), msg
+    msg = wait_for(lambda: degraded("empty-model"), 180, "Degraded for the image without the model")
+    assert "init container model-target" in msg and "has no /models/no-such-model/config.json" in msg, msg
+    for name in ("no-such-image", "empty-model"):
+        installed.kubectl("delete", "njd", name, "-n", NS, "--wait=true", timeout=120)
+    timings.lap("drill: invalid resources reported")
+
+
+def test_worker_killed_under_load_recovers(installed, reference, timings):
+    (pod,) = worker_pods(installed)
+    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    url = service_url(installed)
+    outcomes: list[str] = []
+
+    def request() -> None:
+        try:
+            chat(url, max_tokens=400, timeout=60)
+            outcomes.append("completed")
+        except httpx.HTTPError as e:  # the connection dies with the container: an error, never a hang
+            outcomes.append(f"error: {type(e).__name__}")
+
+    threads = [threading.Thread(target=request) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(3)
+    installed.node.ctr("tasks", "kill", "-s", "SIGKILL", container_id)
+    for t in threads:
+        t.join(90)
+    assert len(outcomes) == 4 and any(o.startswith("error") for o in outcomes), outcomes
+
+    def back() -> bool:
+        pods = worker_pods(installed)
+        return len(pods) == 1 and ready(pods[0]) and pods[0]["status"]["containerStatuses"][0]["restartCount"] > restarts
+
+    wait_for(back, 300, "the worker container restarted and Ready")
+    assert wait_for(lambda: chat(url), 120, "a completion after the restart") == reference
+    timings.lap("drill: worker killed under load, recovered")
+
+
+def test_operator_killed_mid_rollout_leaves_no_duplicate(installed, timings):
+    # A new draft (the target as its own draft) starts a canary: a candidate Deployment and ConfigMap.
+    patch = {"spec": {"draft": {"name": "smollm2-self-draft", "source": {"image": {
+        "reference": "ghcr.io/nightjar-dev/nightjar-models:smollm2-135m", "path": MODEL}}}}}
+    installed.kubectl("patch", "njd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(patch))
+    wait_for(lambda: get(installed, "deployment", f"{NAME}-candidate"), 120, "the candidate Deployment")
+    installed.kubectl("delete", "pod", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator",
+                      "--grace-period=0", "--force")
+
+    def operator_back() -> bool:
+        pods = json.loads(installed.kubectl("get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator",
+                                            "-o", "json").stdout)["items"]
+        return len(pods) == 1 and ready(pods[0])
+
+    wait_for(operator_back, 180, "a new operator pod Ready")
+    time.sleep(20)  # two resync periods of the new operator
+    owned: dict[str, list[str]] = {}
+    for kind in ("deployments", "configmaps", "services"):
+        items = json.loads(installed.kubectl("get", kind, "-n", NS, "-l", "app.kubernetes.io/managed-by=nightjar-operator",
+                                             "-o", "json").stdout)["items"]
+        owned[kind] = sorted(i["metadata"]["name"] for i in items)
+        for i in items:
+            refs = i["metadata"].get("ownerReferences") or []
+            assert [r["name"] for r in refs] == [NAME], (kind, i["metadata"]["name"], refs)
+    assert owned == {
+        "deployments": [NAME, f"{NAME}-candidate"],
+        "configmaps": [f"{NAME}-candidate-config", f"{NAME}-config"],
+        "services": [NAME],
+    }, owned
+    timings.lap("drill: operator killed mid-rollout")
+
+
+# ------------------------------------------------------------------------------------------ uninstall
+def test_uninstall_leaves_nothing(installed, timings):
+    installed.kubectl("delete", "njd", "--all", "-n", NS, "--wait=true", timeout=180)
+    subprocess.run(["helm", "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "3m"],
+                   env=installed.env, check=True, capture_output=True, text=True, timeout=200)
+
+    def gone() -> bool:
+        left = installed.kubectl("get", "all,configmaps,serviceaccounts,roles,rolebindings", "-n", SYSTEM_NS,
+                                 "-l", "app.kubernetes.io/instance=nightjar", "-o", "name").stdout.split()
+        workers = installed.kubectl("get", "deployments,configmaps,services,pods", "-n", NS,
+                                    "-l", "app.kubernetes.io/managed-by=nightjar-operator", "-o", "name").stdout.split()
+        return not left and not workers
+
+    wait_for(gone, 120, "no object of the release or of the workers left")
+    assert not installed.kubectl("get", "clusterroles,clusterrolebindings", "-o", "name",
+                                 "-l", "app.kubernetes.io/instance=nightjar").stdout.split()
+    # The chart keeps the CRD (crds.keep); removing it afterwards must not hang on a finalizer.
+    installed.kubectl("delete", "crd", "nightjardeployments.nightjar.dev", "--wait=true", timeout=60)
+    timings.lap("helm uninstall: nothing left")
