@@ -49,6 +49,7 @@ class Timings:
 
     def __init__(self) -> None:
         self.steps: dict[str, float] = {}
+        self.extra: dict = {}
         self._t = time.monotonic()
 
     def lap(self, step: str) -> float:
@@ -57,13 +58,16 @@ class Timings:
         self._t = now
         return self.steps[step]
 
+    def note(self, key: str, value) -> None:
+        self.extra[key] = value
+
     def save(self, extra: dict) -> None:
         TIMINGS.parent.mkdir(exist_ok=True)
         try:
             old = json.loads(TIMINGS.read_text())
         except (OSError, ValueError):
             old = {}
-        old.update({**extra, **self.steps})
+        old.update({**extra, **self.extra, **self.steps})
         TIMINGS.write_text(json.dumps(old, indent=1))
 
 

@@ -221,3 +221,18 @@ def base_metrics(expr: str, _depth: int = 0) -> set[str]:
         else:
             out.add(n)
     return out
+
+
+def no_events(prom: Prometheus, names: set[str]) -> bool:
+    """True when none of the counters/histograms behind a query moved during the run."""
+    for n in names:
+        base = n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+        probe = f"{base}_count" if n != base else n
+        if probe.endswith("_total") or probe.endswith("_count"):
+            res = prom.query(f"sum(increase({probe}[10m]))")["result"]
+            if res and float(res[0]["value"][1]) > 0:
+                return False
+        else:  # a gauge: present means there is data to show
+            if prom.query(probe)["result"]:
+                return False
+    return True

@@ -28,6 +28,7 @@ from promutil import (
     Prometheus,
     base_metrics,
     has_data,
+    no_events,
     panel_queries,
     worker_scrape_job,
 )
@@ -63,21 +64,6 @@ def _complete(srv, prompt: str, max_tokens: int) -> None:
     r.raise_for_status()
 
 
-def _no_events(prom: Prometheus, names: set[str]) -> bool:
-    """True when none of the counters/histograms behind a query moved during the run."""
-    for n in names:
-        base = n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
-        probe = f"{base}_count" if n != base else n
-        if probe.endswith("_total") or probe.endswith("_count"):
-            res = prom.query(f"sum(increase({probe}[10m]))")["result"]
-            if res and float(res[0]["value"][1]) > 0:
-                return False
-        else:  # a gauge: present means there is data to show
-            if prom.query(probe)["result"]:
-                return False
-    return True
-
-
 def test_dashboard_and_rules_on_real_worker(stack):
     srv, prom = stack
     deadline = time.monotonic() + 30
@@ -106,7 +92,7 @@ def test_dashboard_and_rules_on_real_worker(stack):
             continue
         if has_data(res):
             data.append(title)
-        elif _no_events(prom, needs):
+        elif no_events(prom, needs):
             quiet.append(title)
         else:
             pytest.fail(f"{title}: inputs moved but the query returned nothing: {expr}")
