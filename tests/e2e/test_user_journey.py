@@ -115,7 +115,7 @@ def reference() -> str:
     """The same request served by the worker outside the cluster (same package, pair and arguments)."""
     from nightjar_worker.serve import ServerProcess
 
-    with ServerProcess(["--kv-cache-gib", "1", "--max-model-len", "1024"],
+    with ServerProcess(["--kv-cache-gib", "1", "--max-model-len", "1024", "--dtype", "float32"],
                        env={"NIGHTJAR_TARGET_NAME": MODEL}) as srv:
         return chat(srv.url)
 
