@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMINGS = ROOT / "build" / "e2e-timings.json"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def node():
     from nightjar_operator.testing import kubelet_node
     from nightjar_operator.testing.cluster import BIN_DIR, PROJECT_IMAGES, LocalCluster, missing_binaries
@@ -45,7 +45,7 @@ def node():
 
 
 class Timings:
-    """Seconds per step of the journey, written to build/e2e-timings.json (the note quotes it)."""
+    """Seconds per step of the journey, written to build/e2e-timings.json."""
 
     def __init__(self) -> None:
         self.steps: dict[str, float] = {}
@@ -63,15 +63,11 @@ class Timings:
 
     def save(self, extra: dict) -> None:
         TIMINGS.parent.mkdir(exist_ok=True)
-        try:
-            old = json.loads(TIMINGS.read_text())
-        except (OSError, ValueError):
-            old = {}
-        old.update({**extra, **self.extra, **self.steps})
-        TIMINGS.write_text(json.dumps(old, indent=1))
+        TIMINGS.write_text(json.dumps({**extra, **self.extra, **self.steps}, indent=1))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def timings():
+    TIMINGS.unlink(missing_ok=True)
     t = Timings()
     yield t
