@@ -1,5 +1,6 @@
-"""Test support: a real loopback Kubernetes control plane (``cluster.LocalCluster``) and a node agent
-that reports pods Running/Ready with loopback IPs. Containers never run there.
+"""Test support: a real Kubernetes control plane (``cluster.LocalCluster``) with one real node
+(``kubelet_node``: kubelet, kube-proxy, containerd; containers run) or fake nodes (``fake_kubelet``:
+pods reported Running/Ready with loopback IPs; containers never run).
 
 Importing this package is cheap: nothing starts and the kubernetes client is not imported. Names are
 resolved lazily so ``python -m nightjar_operator.testing.cluster`` does not import the module twice.

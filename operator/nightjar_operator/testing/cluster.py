@@ -41,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nightjar_operator.testing import kubelet_node
+
 CACHE_DIR = Path(os.environ.get("NIGHTJAR_CACHE", Path.home() / ".cache" / "nightjar"))
 BIN_DIR = Path(os.environ.get("NIGHTJAR_K8S_BIN", CACHE_DIR / "k8s" / "bin"))
 TOOLS_DIR = CACHE_DIR / "bin"  # helm (and kubectl when the machine has none), from `make helm`
@@ -145,8 +147,6 @@ class LocalCluster:
         tokens). ``node_agent``: the fake kubelet registers ``nodes`` Ready nodes that report pods
         Running/Ready. ``kubelet``: one real node instead (containers run; root). ``detach``: leave
         the processes running when this object goes away (the CLI ``up``)."""
-        from nightjar_operator.testing import kubelet_node
-
         if kubelet and nodes != 1:
             raise ValueError("a real node is one node: nodes must be 1 with kubelet=True")
         self._own_workdir = workdir is None
@@ -205,8 +205,6 @@ class LocalCluster:
     def start(self, timeout: float = 180.0) -> LocalCluster:
         missing = missing_binaries(self.bin_dir)
         if self.with_kubelet:
-            from nightjar_operator.testing import kubelet_node
-
             why = kubelet_node.can_run()
             if why:
                 raise ClusterError(why)
@@ -633,7 +631,7 @@ def _print_env(c: LocalCluster) -> None:
 
 # What `make images` builds (scripts/images/build.sh): imported into the real node's containerd.
 PROJECT_IMAGES = (
-    "localhost/nightjar/pause:3.9",
+    kubelet_node.PAUSE_IMAGE,
     "ghcr.io/nightjar-dev/nightjar-operator:0.1.0",
     "ghcr.io/nightjar-dev/nightjar-worker:0.1.0-cpu",
     "ghcr.io/nightjar-dev/nightjar-models:smollm2-135m",
