@@ -271,9 +271,9 @@ def test_invalid_resources_are_rejected_or_reported(installed, timings):
         return cond.get("status") == "True" and cond.get("reason") == "PodFailing" and cond["message"]
 
     msg = wait_for(lambda: degraded("no-such-image"), 180, "Degraded for the unknown model image")
-    assert "init container model-target" in msg and ("ImagePull" in msg or "ErrImage" in msg), msg
+    assert "init container model-target (spec.target.source.image)" in msg and "ImagePull" in msg, msg
     msg = wait_for(lambda: degraded("empty-model"), 180, "Degraded for the image without the model")
-    assert "init container model-target" in msg and "has no /models/no-such-model/config.json" in msg, msg
+    assert "(spec.target.source.image)" in msg and "has no /models/no-such-model/config.json" in msg, msg
     for name in ("no-such-image", "empty-model"):
         installed.kubectl("delete", "njd", name, "-n", NS, "--wait=true", timeout=120)
     timings.lap("drill: invalid resources reported")

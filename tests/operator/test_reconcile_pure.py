@@ -162,7 +162,8 @@ def test_pod_problems_name_pod_container_and_cause():
             _pod("d", unschedulable="0/1 nodes: Insufficient nvidia.com/gpu")]
     got = pod_problems(pods)
     assert got == [
-        "pod a init container model-draft: CrashLoopBackOff (exit code 2: model image x has no /models/d/config.json)",
+        "pod a init container model-draft (spec.draft.source.image): CrashLoopBackOff"
+        " (exit code 2: model image x has no /models/d/config.json)",
         "pod b container worker: ErrImageNeverPull (image y not present)",
         "pod d: unschedulable: 0/1 nodes: Insufficient nvidia.com/gpu",
     ]

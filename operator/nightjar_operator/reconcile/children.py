@@ -115,6 +115,12 @@ def _model_roles(spec: NightjarDeploymentSpec) -> list[tuple[str, ModelRef]]:
     return [("target", spec.target), ("draft", spec.draft)]
 
 
+def spec_field_of(container: str) -> str | None:
+    """The spec field an operator-made init container comes from (for error messages)."""
+    role = container.removeprefix("model-")
+    return f"spec.{role}.source.image" if container.startswith("model-") and role in ("target", "draft") else None
+
+
 def model_init_containers(spec: NightjarDeploymentSpec, security: dict[str, Any]) -> list[dict[str, Any]]:
     """One init container per model whose source is an image (the modelcar convention)."""
     out = []

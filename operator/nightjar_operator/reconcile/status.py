@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nightjar_operator import constants as c
-from nightjar_operator.reconcile.children import selector_string, service_selector
+from nightjar_operator.reconcile.children import selector_string, service_selector, spec_field_of
 
 
 def now_iso() -> str:
@@ -100,7 +100,9 @@ def pod_problems(pods: list[dict[str, Any]]) -> list[str]:
                     detail = f"exit code {term.get('exitCode')}" + (f": {detail}" if detail else "")
                 else:
                     detail = (waiting.get("message") or "").strip()
-                line = f"pod {name} {kind} {cs.get('name', '?')}: {reason}" + (f" ({detail})" if detail else "")
+                field = spec_field_of(cs.get("name", "")) if kind == "init container" else None
+                where = f"{kind} {cs.get('name', '?')}" + (f" ({field})" if field else "")
+                line = f"pod {name} {where}: {reason}" + (f" ({detail})" if detail else "")
                 out.append(" ".join(line.split())[:_MESSAGE_CHARS])
     return out
 
