@@ -129,11 +129,10 @@ class KubeletNode:
     def prepare(self) -> None:
         """Claim the machine's one node, clear a killed node's leftovers, set up the node address
         (the apiserver binds it next) and the CNI config."""
-        if os.path.exists(RUN_DIR / "owner"):
-            owner = (RUN_DIR / "owner").read_text().strip()
-            if owner and Path(owner).exists() and owner != str(self.workdir):
-                raise RuntimeError(f"a real test node is already running (state in {owner}): "
-                                   "one per machine; stop it with `make cluster-down`")
+        other = self._other_owner()
+        if other:
+            raise RuntimeError(f"a real test node is already running (state in {other}): "
+                               "one per machine; stop it with `make cluster-down`")
         self.cleanup()  # leftovers of a node that was killed without clean-up
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         (RUN_DIR / "owner").write_text(str(self.workdir))
@@ -216,10 +215,24 @@ class KubeletNode:
         return took
 
     # ------------------------------------------------------------------ clean-up
+    def _other_owner(self) -> str | None:
+        """The state dir of another node whose containerd still runs on this machine, if any."""
+        try:
+            owner = (RUN_DIR / "owner").read_text().strip()
+        except OSError:
+            return None
+        if not owner or owner == str(self.workdir):
+            return None
+        marker = f"{owner}/containerd.toml".encode()
+        return owner if any(marker in cmd for cmd in _cmdlines().values()) else None
+
     def cleanup(self) -> None:
         """Remove what a node leaves behind once its processes are gone or going: pod containers
         (their shims outlive containerd), mounts under the kubelet's root, network namespaces,
-        kube-proxy's iptables chains, the bridge and the node address. Safe to call twice."""
+        kube-proxy's iptables chains, the bridge and the node address. Safe to call twice; does
+        nothing while another live node owns the machine."""
+        if self._other_owner():
+            return
         if CONTAINERD_SOCK.exists() and self.ctr("version", check=False, timeout=5).returncode == 0:
             for task in self.ctr("tasks", "ls", "-q", check=False, timeout=30).stdout.split():
                 self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False, timeout=30)
@@ -254,19 +267,24 @@ def _normalized(ref: str) -> str:
     return ref
 
 
+def _cmdlines() -> dict[int, bytes]:
+    out = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                out[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+    return out
+
+
 def _kill_shims() -> None:
     """containerd-shim processes serving our containerd (they carry its socket's directory)."""
     marker = str(RUN_DIR).encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
+    for pid, cmd in _cmdlines().items():
         if b"containerd-shim" in cmd and marker in cmd:
             try:
-                os.kill(int(pid), 9)
+                os.kill(pid, 9)
             except OSError:
                 pass
 
