@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from nightjar_operator.testing import kubelet_node as kn
 
 
