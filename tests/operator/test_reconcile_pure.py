@@ -158,6 +158,8 @@ def test_pod_problems_name_pod_container_and_cause():
                                             "message": "model image x has no /models/d/config.json\n"}}}
     pull = {"name": "worker", "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "image y not present"}}}
     starting = {"name": "worker", "state": {"waiting": {"reason": "ContainerCreating"}}}
+    oom = {"name": "worker", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+           "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
     pods = [_pod("a", init=[missing]), _pod("b", containers=[pull]), _pod("c", containers=[starting]),
             _pod("d", unschedulable="0/1 nodes: Insufficient nvidia.com/gpu")]
     got = pod_problems(pods)
@@ -172,6 +174,7 @@ def test_pod_problems_name_pod_container_and_cause():
     degraded = next(x for x in status["conditions"] if x["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "PodFailing" and "pod a init container" in degraded["message"]
     assert pod_problems([_pod("e", containers=[starting])]) == []
+    assert pod_problems([_pod("f", containers=[oom])]) == ["pod f container worker: CrashLoopBackOff (exit code 137 OOMKilled)"]
 
 
 def test_service_selects_all_tracks(raw_spec):

@@ -95,9 +95,11 @@ def pod_problems(pods: list[dict[str, Any]]) -> list[str]:
                 if waiting.get("reason") not in _STUCK_REASONS and not failed_now:
                     continue
                 reason = waiting.get("reason") or term.get("reason") or "Error"
-                detail = (term.get("message") or "").strip() if term.get("exitCode", 0) != 0 else ""
-                if term.get("exitCode", 0) != 0:
-                    detail = f"exit code {term.get('exitCode')}" + (f": {detail}" if detail else "")
+                code = term.get("exitCode", 0)
+                if code != 0:  # the last run's end says most: exit code, OOMKilled, termination message
+                    why = term.get("reason") if term.get("reason") not in (None, "Error", reason) else None
+                    msg = (term.get("message") or "").strip()
+                    detail = f"exit code {code}" + (f" {why}" if why else "") + (f": {msg}" if msg else "")
                 else:
                     detail = (waiting.get("message") or "").strip()
                 field = spec_field_of(cs.get("name", "")) if kind == "init container" else None
