@@ -4,7 +4,7 @@
 #                                              (debootstrap minbase + python3, python3-venv)
 #   localhost/nightjar/busybox:bookworm        stands in for busybox (busybox-static, FROM scratch)
 # Each is built once and kept in the container storage; a second run only checks they exist.
-# Usage: bootstrap-base.sh <builder: podman|buildah>
+# Usage: bootstrap-base.sh <builder: podman|buildah> (the one whose storage the builds use)
 set -euo pipefail
 BUILDER=${1:-podman}
 SUITE=bookworm
@@ -14,6 +14,25 @@ BB_IMAGE=localhost/nightjar/busybox:bookworm
 log() { echo "[bootstrap-base] $*" >&2; }
 
 exists() { $BUILDER image exists "$1" 2>/dev/null || $BUILDER inspect --type image "$1" >/dev/null 2>&1; }
+
+# import_rootfs DIR IMAGE CMD: a single-layer image of DIR's contents (podman import, or buildah's
+# from-scratch + add + commit where only buildah is installed; both share the container storage).
+import_rootfs() {
+    local dir=$1 image=$2 cmd=$3
+    if command -v podman >/dev/null; then
+        tar -C "$dir" --numeric-owner -c . | podman import --change 'ENV LANG=C.UTF-8' --change "CMD [\"$cmd\"]" - "$image" >/dev/null
+    else
+        local tarball ctr
+        tarball=$(mktemp --suffix=.tar)
+        tar -C "$dir" --numeric-owner -cf "$tarball" .
+        ctr=$(buildah from scratch)
+        buildah add "$ctr" "$tarball" / >/dev/null
+        buildah config --env LANG=C.UTF-8 --cmd "$cmd" "$ctr"
+        buildah commit -q "$ctr" "$image" >/dev/null
+        buildah rm "$ctr" >/dev/null
+        rm -f "$tarball"
+    fi
+}
 
 if ! exists "$PY_IMAGE"; then
     command -v debootstrap >/dev/null || { log "debootstrap missing: run scripts/k8s/install-runtime.sh"; exit 1; }
@@ -29,8 +48,7 @@ if ! exists "$PY_IMAGE"; then
         "$root"/usr/share/info/* "$root"/var/log/* "$root.log"
     find "$root"/usr/share/locale -mindepth 1 -maxdepth 1 ! -name 'C*' -exec rm -rf {} +
     ln -sf python3 "$root"/usr/bin/python
-    tar -C "$root" --numeric-owner -c . | $BUILDER import \
-        --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' - "$PY_IMAGE" >/dev/null
+    import_rootfs "$root" "$PY_IMAGE" python3
     rm -rf "$root"; trap - EXIT
     log "$PY_IMAGE built in $(( $(date +%s) - t0 )) s"
 fi
@@ -42,7 +60,7 @@ if ! exists "$BB_IMAGE"; then
     for applet in $("$root/bin/busybox" --list); do
         [ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
     done
-    tar -C "$root" --numeric-owner -c . | $BUILDER import --change 'CMD ["sh"]' - "$BB_IMAGE" >/dev/null
+    import_rootfs "$root" "$BB_IMAGE" sh
     rm -rf "$root"
     log "$BB_IMAGE built"
 fi
