@@ -43,17 +43,9 @@ declare -A TAG=(
 )
 PY_BASE=python:3.11-slim-bookworm
 BB_BASE=busybox:1.36
+have_base() { "${INSPECT[@]}" "$1" >/dev/null 2>&1 || timeout 120 "$BUILDER" pull -q "$1" >/dev/null 2>&1; }
 if [ "$IMAGES_BASE" = auto ]; then
-    if "${INSPECT[@]}" "$PY_BASE" >/dev/null 2>&1 && "${INSPECT[@]}" "$BB_BASE" >/dev/null 2>&1; then
-        IMAGES_BASE=registry
-    elif [ "$BUILDER" != docker ] && timeout 120 "$BUILDER" pull -q "$PY_BASE" >/dev/null 2>&1 \
-            && timeout 120 "$BUILDER" pull -q "$BB_BASE" >/dev/null 2>&1; then
-        IMAGES_BASE=registry
-    elif [ "$BUILDER" = docker ] && docker pull -q "$PY_BASE" >/dev/null 2>&1 && docker pull -q "$BB_BASE" >/dev/null 2>&1; then
-        IMAGES_BASE=registry
-    else
-        IMAGES_BASE=debian
-    fi
+    if have_base "$PY_BASE" && have_base "$BB_BASE"; then IMAGES_BASE=registry; else IMAGES_BASE=debian; fi
 fi
 if [ "$IMAGES_BASE" = debian ]; then
     [ "$BUILDER" != docker ] || { log "IMAGES_BASE=debian needs buildah or podman"; exit 1; }
