@@ -1,9 +1,9 @@
-"""``make readme-results``: the README's real-engine result tables, generated from the committed
+"""``make readme-results``: the real-engine result tables of docs/results.md, generated from the committed
 benchmark outputs under ``benchmarks/results/`` (never typed by hand).
 
-Rewrites the block between ``<!-- results:begin -->`` and ``<!-- results:end -->`` in README.md.
-``--check`` only compares (exit 1 when the README is stale); ``make test`` runs it, so a result
-committed without regenerating the README fails the tests.
+Rewrites the block between ``<!-- results:begin -->`` and ``<!-- results:end -->`` in docs/results.md.
+``--check`` only compares (exit 1 when the page is stale); ``make test`` runs it, so a result
+committed without regenerating the page fails the tests.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def generate(results: Path = RESULTS_ROOT) -> str:
 
 def splice(readme: str, block: str) -> str:
     if BEGIN not in readme or END not in readme:
-        raise SystemExit(f"README.md: markers {BEGIN} / {END} not found")
+        raise SystemExit(f"results page: markers {BEGIN} / {END} not found")
     head, rest = readme.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{block}{END}{tail}"
@@ -105,14 +105,14 @@ def splice(readme: str, block: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if README.md is not up to date")
-    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/results.md is not up to date")
+    ap.add_argument("--readme", type=Path, default=ROOT / "docs" / "results.md")
     args = ap.parse_args(argv)
     old = args.readme.read_text()
     new = splice(old, generate())
     if args.check:
         if new != old:
-            print("README.md results are stale: run `make readme-results`", file=sys.stderr)
+            print(f"{args.readme}: results are stale: run `make readme-results`", file=sys.stderr)
             return 1
         return 0
     args.readme.write_text(new)

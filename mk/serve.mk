@@ -15,5 +15,5 @@ bench-serve: install models ## every policy under closed-loop load on the real s
 bench-cpu-gemm: install ## bf16 vs fp32 GEMM cost per row count on this CPU (why the Qwen pair serves in float32)
 	$(PY) -m benchmarks.bench_cpu_gemm
 
-readme-results: ## regenerate the README's real-engine result tables from benchmarks/results/
+readme-results: ## regenerate docs/results.md's real-engine result tables from benchmarks/results/
 	$(PY) -m benchmarks.readme_results

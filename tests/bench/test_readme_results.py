@@ -1,4 +1,4 @@
-"""The README's real-engine tables are generated from the committed results (make readme-results)."""
+"""docs/results.md's real-engine tables are generated from the committed results (make readme-results)."""
 
 from __future__ import annotations
 
