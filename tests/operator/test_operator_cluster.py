@@ -378,3 +378,31 @@ def test_least_privilege_service_account(cl: Cluster, k8s, monkeypatch):
         assert_clean(runner.output)
     finally:
         k8s.kubectl("delete", "clusterrolebinding,clusterrole", binding, "--ignore-not-found")
+
+
+def test_a_namespace_being_deleted_is_left_alone(cl: Cluster):
+    """A child removed while its namespace goes away: the reconcile does not try to re-create it in
+    vain (the apiserver refuses with 403 NamespaceTerminating) and reports no error."""
+    from nightjar_operator.handlers import reconcile as rec
+
+    name = "going"
+    cl.apply(cr(name, replicas=1))
+    body = cl.njd(name)
+    rec.reconcile(cl.api, body, trigger="test")
+    assert cl.child("Deployment", name) is not None
+    # A finalizer nobody removes keeps the CR, and so the namespace, in Terminating.
+    cl.k8s.kubectl("patch", "njd", name, "-n", cl.ns, "--type", "merge", "-p",
+                   json.dumps({"metadata": {"finalizers": ["test.nightjar.dev/hold"]}}))
+    cl.api.request("DELETE", f"/apis/apps/v1/namespaces/{cl.ns}/deployments/{name}")
+    cl.k8s.delete_namespace(cl.ns)
+    wait_for(lambda: cl.api.request("GET", f"/api/v1/namespaces/{cl.ns}").get("status", {}).get("phase") == "Terminating",
+             30, "namespace Terminating")
+    wait_for(lambda: cl.child("Deployment", name) is None, 30, "the Deployment gone")
+    def forbidden() -> float:
+        return REGISTRY.get_sample_value("nightjar_operator_reconcile_errors_total", {"reason": "Forbidden"}) or 0.0
+
+    before = forbidden()
+    rec.reconcile(cl.api, cl.njd(name), trigger="test")  # raises on any error
+    assert cl.child("Deployment", name) is None and forbidden() == before
+    cl.k8s.kubectl("patch", "njd", name, "-n", cl.ns, "--type", "json", "-p",
+                   json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]))

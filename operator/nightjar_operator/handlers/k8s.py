@@ -107,6 +107,18 @@ class Api:
         )
 
 
+def namespace_terminating(e: ApiException) -> bool:
+    """The apiserver refused a create because the namespace is being deleted (403, cause
+    NamespaceTerminating): the namespace takes its objects with it, so there is nothing to repair."""
+    if e.status != 403:
+        return False
+    try:
+        causes = (json.loads(e.body or "{}").get("details") or {}).get("causes") or []
+    except ValueError:
+        return False
+    return any(cause.get("reason") == "NamespaceTerminating" for cause in causes)
+
+
 def api_error_reason(e: ApiException) -> str:
     """A short reason for metrics/logs: the apiserver's Status.reason or the HTTP status."""
     try:

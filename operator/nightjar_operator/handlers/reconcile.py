@@ -20,7 +20,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from nightjar_operator import constants as c
-from nightjar_operator.handlers.k8s import Api, api_error_reason
+from nightjar_operator.handlers.k8s import Api, api_error_reason, namespace_terminating
 from nightjar_operator.handlers.rollout import stable_spec
 from nightjar_operator.metrics import metrics
 from nightjar_operator.reconcile.children import Owner, desired_children
@@ -88,6 +88,9 @@ def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None,
         except ApiException as e:
             if e.status == 409:  # created concurrently (another trigger or a previous run): compare again
                 raise kopf.TemporaryError(f"{kind} {name} appeared while creating it; retrying", delay=1) from e
+            if namespace_terminating(e):  # e.g. a child's deletion event while the namespace goes away
+                log.info("namespace %s is being deleted: not re-creating %s %s", owner.namespace, kind, name)
+                return None
             raise
         m.child_writes.labels(kind, "create").inc()
         _event(body, "Normal", "Created", f"Created {kind} {name}")
