@@ -109,6 +109,11 @@ def ready(pod: dict[str, Any]) -> bool:
     return condition(pod, "Ready").get("status") == "True"
 
 
+def helm(node, *args: str, timeout: float = 330) -> None:
+    p = subprocess.run(["helm", *args], env=node.env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"helm {' '.join(args)} failed:\n{p.stderr[-3000:]}"
+
+
 # ------------------------------------------------------------------------------------------- setup
 @pytest.fixture(scope="module")
 def reference() -> str:
@@ -126,9 +131,8 @@ def installed(node, timings, reference):
     timings.lap("reference completion outside the cluster")
     env = json.dumps(OPERATOR_ENV)
     node.kubectl("create", "namespace", NS)
-    subprocess.run(["helm", "install", RELEASE, str(ROOT / "charts" / "nightjar"), "-n", SYSTEM_NS, "--create-namespace",
-                    "--set-json", f"operator.extraEnv={env}", "--wait", "--timeout", "5m"],
-                   env=node.env, check=True, capture_output=True, text=True, timeout=330)
+    helm(node, "install", RELEASE, str(ROOT / "charts" / "nightjar"), "-n", SYSTEM_NS, "--create-namespace",
+         "--set-json", f"operator.extraEnv={env}", "--wait", "--timeout", "5m")
     timings.lap("helm install: operator pod Ready")
     node.kubectl("apply", "-n", NS, "-f", str(SAMPLE))
     wait_for(lambda: condition(get(node, "njd", NAME), "Ready").get("status") == "True", 600,
@@ -346,8 +350,7 @@ def test_operator_killed_mid_rollout_leaves_no_duplicate(installed, timings):
 # ------------------------------------------------------------------------------------------ uninstall
 def test_uninstall_leaves_nothing(installed, timings):
     installed.kubectl("delete", "njd", "--all", "-n", NS, "--wait=true", timeout=180)
-    subprocess.run(["helm", "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "3m"],
-                   env=installed.env, check=True, capture_output=True, text=True, timeout=200)
+    helm(installed, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "3m", timeout=200)
 
     def gone() -> bool:
         left = installed.kubectl("get", "all,configmaps,serviceaccounts,roles,rolebindings", "-n", SYSTEM_NS,
