@@ -352,14 +352,21 @@ def test_uninstall_leaves_nothing(installed, timings):
     installed.kubectl("delete", "njd", "--all", "-n", NS, "--wait=true", timeout=180)
     helm(installed, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "3m", timeout=200)
 
-    def gone() -> bool:
-        left = installed.kubectl("get", "all,configmaps,serviceaccounts,roles,rolebindings", "-n", SYSTEM_NS,
-                                 "-l", "app.kubernetes.io/instance=nightjar", "-o", "name").stdout.split()
-        workers = installed.kubectl("get", "deployments,configmaps,services,pods", "-n", NS,
-                                    "-l", "app.kubernetes.io/managed-by=nightjar-operator", "-o", "name").stdout.split()
-        return not left and not workers
+    left: list[str] = []
 
-    wait_for(gone, 120, "no object of the release or of the workers left")
+    def gone() -> bool:
+        left[:] = installed.kubectl("get", "all,configmaps,serviceaccounts,roles,rolebindings", "-n", SYSTEM_NS,
+                                    "-l", "app.kubernetes.io/instance=nightjar", "-o", "name").stdout.split()
+        left.extend(installed.kubectl("get", "deployments,configmaps,services,pods", "-n", NS,
+                                      "-l", "app.kubernetes.io/managed-by=nightjar-operator", "-o", "name").stdout.split())
+        return not left
+
+    # Worker pods get 60 s to drain (terminationGracePeriodSeconds) after the garbage collector's chain
+    # CR -> Deployments -> ReplicaSets -> Pods; a candidate pod still loading its model may use all of it.
+    try:
+        wait_for(gone, 300, "no object of the release or of the workers left")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; left: {left}") from None
     assert not installed.kubectl("get", "clusterroles,clusterrolebindings", "-o", "name",
                                  "-l", "app.kubernetes.io/instance=nightjar").stdout.split()
     # The chart keeps the CRD (crds.keep); removing it afterwards must not hang on a finalizer.
