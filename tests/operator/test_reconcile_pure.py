@@ -118,6 +118,27 @@ def test_model_sources(raw_spec):
     assert "initContainers" not in dep["spec"]["template"]["spec"]
 
 
+def test_hub_sources_get_revisions_token_endpoint_and_a_cache(raw_spec):
+    raw_spec["target"].update(source={"uri": "hf://Qwen/Qwen2.5-7B-Instruct"}, revision="main")
+    raw_spec["draft"].update(source={"uri": "hf://Qwen/Qwen2.5-0.5B-Instruct/"}, revision="a1b2c3")
+    raw_spec["hub"] = {"tokenSecretRef": {"name": "hf-token"}, "endpoint": "https://hf-mirror.internal"}
+    raw_spec["modelCache"] = {"sizeLimit": "40Gi"}
+    pod = desired_deployment(OWNER, _spec(raw_spec))["spec"]["template"]["spec"]
+    worker = _container({"spec": {"template": {"spec": pod}}})
+    args = worker["args"]
+    assert args[args.index("--draft") + 1] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert args[args.index("--revision") + 1] == "main" and args[args.index("--draft-revision") + 1] == "a1b2c3"
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN"}}
+    assert env["HF_ENDPOINT"]["value"] == "https://hf-mirror.internal"
+    assert env["HF_HOME"]["value"].startswith(c.CACHE_DIR)
+    assert {"name": "cache", "emptyDir": {"sizeLimit": "40Gi"}} in pod["volumes"]
+    raw_spec["modelCache"] = {"claimName": "hf-cache"}
+    pod = desired_deployment(OWNER, _spec(raw_spec))["spec"]["template"]["spec"]
+    assert {"name": "cache", "persistentVolumeClaim": {"claimName": "hf-cache"}} in pod["volumes"]
+    assert "HF_TOKEN" not in str(desired_deployment(OWNER, _spec({**raw_spec, "hub": {}})))
+
+
 def test_image_source_copies_the_model_in_an_init_container(raw_spec):
     image = "ghcr.io/nightjar-dev/nightjar-models:smollm2-135m"
     raw_spec["draft"]["source"] = {"image": {"reference": image, "path": "smollm2-135m-draft/"}}
@@ -157,17 +178,20 @@ def test_pod_problems_name_pod_container_and_cause():
                "lastState": {"terminated": {"exitCode": 2, "reason": "Error",
                                             "message": "model image x has no /models/d/config.json\n"}}}
     pull = {"name": "worker", "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "image y not present"}}}
+    token = {"name": "worker", "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                    "message": 'secret "hf-token" not found'}}}
     starting = {"name": "worker", "state": {"waiting": {"reason": "ContainerCreating"}}}
     oom = {"name": "worker", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
            "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
     pods = [_pod("a", init=[missing]), _pod("b", containers=[pull]), _pod("c", containers=[starting]),
-            _pod("d", unschedulable="0/1 nodes: Insufficient nvidia.com/gpu")]
+            _pod("d", unschedulable="0/1 nodes: Insufficient nvidia.com/gpu"), _pod("g", containers=[token])]
     got = pod_problems(pods)
     assert got == [
         "pod a init container model-draft (spec.draft.source.image): CrashLoopBackOff"
         " (exit code 2: model image x has no /models/d/config.json)",
         "pod b container worker: ErrImageNeverPull (image y not present)",
         "pod d: unschedulable: 0/1 nodes: Insufficient nvidia.com/gpu",
+        'pod g container worker (spec.hub.tokenSecretRef): CreateContainerConfigError (secret "hf-token" not found)',
     ]
     status = compute_status({"metadata": {"name": "n", "generation": 1}, "spec": {}},
                             Observed(deployment=None, pod_problems=got), now="t")

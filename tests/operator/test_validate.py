@@ -29,6 +29,10 @@ def test_valid_spec_has_no_errors(raw_spec):
         (lambda s: s.update(resources={"requests": {"cpu": "two"}}), "spec.resources.requests.cpu"),
         (lambda s: s.update(speculation={"offload": {"policy": "Sometimes"}}), "spec.speculation.offload.policy"),
         (lambda s: s.update(bogus=1), "spec.bogus"),
+        (lambda s: s.update(modelCache={"sizeLimit": "40Gi", "claimName": "c"}), "spec.modelCache"),
+        (lambda s: s.update(modelCache={"sizeLimit": "lots"}), "spec.modelCache.sizeLimit"),
+        (lambda s: s.update(hub={"tokenSecretRef": {"name": "Bad_Name"}}), "spec.hub.tokenSecretRef.name"),
+        (lambda s: s.update(hub={"endpoint": "ftp://mirror"}), "spec.hub.endpoint"),
     ],
 )
 def test_schema_level_errors_name_the_field(raw_spec, mutate, field):
@@ -50,6 +54,10 @@ def test_schema_level_errors_name_the_field(raw_spec, mutate, field):
         (lambda s: s.update(speculation={"offload": {"kvUsageLow": 0.95}}), "spec.speculation.offload.kvUsageLow", "below"),
         (lambda s: s.update(rollout={"steps": [50, 10, 100]}), "spec.rollout.steps[1]", "ascending"),
         (lambda s: s.update(vllmArgs=["--model=/x"]), "spec.vllmArgs[0]", "set by the operator"),
+        (lambda s: s["target"].update(source={"uri": "s3://bucket/m"}), "spec.target.source.uri", "s3:// is not supported"),
+        (lambda s: s["draft"].update(source={"uri": "hf://only-a-name"}), "spec.draft.source.uri", "expected hf://Org/Model"),
+        (lambda s: s.update(modelCache={"claimName": s["target"]["source"]["pvc"]["claimName"]}),
+         "spec.modelCache.claimName", "read-only"),
     ],
 )
 def test_semantic_errors_name_the_field(raw_spec, mutate, field, words):

@@ -86,3 +86,36 @@ def test_dtype_is_passed_and_float32_flushes_denormals_in_every_vllm_process(pai
     assert prepare_environment(args)["NIGHTJAR_FLUSH_DENORMAL"] == "1"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--dtype", "int8"])
+
+
+def test_hub_ids_and_revisions_reach_vllm(pair):
+    av = argv("--model", "Qwen/Qwen2.5-7B-Instruct", "--revision", "main", "--draft", "Qwen/Qwen2.5-0.5B-Instruct",
+              "--draft-revision", "a1b2c3")
+    assert opt(av, "--model") == "Qwen/Qwen2.5-7B-Instruct" and opt(av, "--revision") == "main"
+    spec = json.loads(opt(av, "--speculative-config"))
+    assert spec["model"] == "Qwen/Qwen2.5-0.5B-Instruct" and spec["revision"] == "a1b2c3"
+    assert opt(av, "--served-model-name") == "Qwen/Qwen2.5-7B-Instruct"
+    with pytest.raises(SystemExit, match="--model: .* neither a model directory nor a Hugging Face Hub repo id"):
+        argv("--model", "s3://bucket/model")
+    with pytest.raises(SystemExit, match="--draft-revision"):
+        argv("--draft", "none", "--draft-revision", "x")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_engine_options_per_device_parse_with_vllms_own_parser(pair, device):
+    """The one options function gives CUDA graphs on CUDA (eager on CPU) and async scheduling off on
+    both; vLLM's own API-server parser turns the flags back into the same engine arguments."""
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    t, d = pair
+    av = argv("--device", device)
+    ea = AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(av))
+    assert ea.enforce_eager is (device == "cpu")
+    assert ea.async_scheduling is False
+    assert ea.model == str(t) and ea.scheduler_cls == NIGHTJAR_SCHEDULER_CLS
+    assert ea.speculative_config["model"] == str(d)
+    eager = argv("--device", "cuda", "--eager")
+    assert "--enforce-eager" in eager

@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from nightjar_worker.engine.engine_args import DTYPES, NIGHTJAR_SCHEDULER_CLS
+from nightjar_worker.engine.engine_args import DTYPES, cli_args, detect_device, engine_kwargs
 
 ADMIN_MIDDLEWARE = "nightjar_worker.admin.AdminMiddleware"
 
@@ -52,8 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="vLLM OpenAI API server with Nightjar's load-adaptive speculative decoding. "
         "Unknown arguments are passed to vLLM.",
     )
-    p.add_argument("--model", help="target model directory (default: the bundled pair's target)")
-    p.add_argument("--draft", help="draft model directory, or 'none' for no speculation (default: bundled draft)")
+    p.add_argument("--model", help="target model directory or Hugging Face Hub repo id (default: the bundled "
+                   "pair's target)")
+    p.add_argument("--draft", help="draft model directory or Hub repo id, or 'none' for no speculation "
+                   "(default: bundled draft)")
+    p.add_argument("--revision", help="Hub revision (commit, tag or branch) of --model")
+    p.add_argument("--draft-revision", help="Hub revision of --draft")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="engine options for this device (auto: cuda when torch sees a GPU)")
+    p.add_argument("--eager", action="store_true",
+                   help="no CUDA graphs (CUDA; the CPU backend always runs eager)")
     p.add_argument("--config", help="runtime config file to watch (default: $NIGHTJAR_CONFIG, else a fresh file)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -127,47 +135,44 @@ def vllm_argv(args: argparse.Namespace, passthrough: Sequence[str]) -> list[str]
     from nightjar_worker.runtime_config import RuntimeConfigError, load_runtime_config
 
     target, draft = bundled_pair()
-    target = Path(args.model) if args.model else target
+    model = args.model or str(target)
     draft_s = args.draft if args.draft is not None else str(draft)
-    if not target.is_dir():
-        raise SystemExit(f"--model: {target} is not a model directory (run `make models` for the bundled pair)")
-    argv = [
-        "--model", str(target),
-        "--host", args.host,
-        "--port", str(args.port),
-        "--dtype", args.dtype,
-        "--enforce-eager",
-        "--max-model-len", str(args.max_model_len),
-        "--middleware", ADMIN_MIDDLEWARE,
-    ]
+    use_draft = draft_s.lower() != "none"
+    k = args.num_speculative_tokens
+    if use_draft and k is None:
+        try:
+            k = load_runtime_config(os.environ["NIGHTJAR_CONFIG"]).planner.max_gamma
+        except RuntimeConfigError as e:
+            raise SystemExit(f"--config: {e}") from None
+    device = detect_device() if args.device == "auto" else args.device
+    try:
+        kw = engine_kwargs(
+            model, draft_s if use_draft else None, 1 if k is None else k, device=device, nightjar=args.scheduler == "nightjar",
+            max_model_len=args.max_model_len, dtype=args.dtype, eager=args.eager or None,
+            revision=args.revision, draft_revision=args.draft_revision, check_tokenizers=False,
+        )
+    except (FileNotFoundError, ValueError) as e:
+        flag = {"model": "--model", "speculative_config.model": "--draft", "draft_revision": "--draft-revision",
+                "num_speculative_tokens": "--num-speculative-tokens"}.get(str(e).split(":")[0])
+        raise SystemExit(f"{flag}: {e}" if flag else str(e)) from None
+    spec = kw.get("speculative_config")
+    if args.spec_per_batch_size:
+        if spec is None:
+            raise SystemExit("--spec-per-batch-size: needs a draft")
+        if args.scheduler != "vllm":
+            raise SystemExit("--spec-per-batch-size: only with --scheduler vllm (Nightjar decides per step)")
+        try:
+            table = parse_spec_table(json.loads(args.spec_per_batch_size))
+        except ValueError as e:
+            raise SystemExit(f"--spec-per-batch-size: {e}") from None
+        spec["num_speculative_tokens_per_batch_size"] = table
+        spec["num_speculative_tokens"] = max(1, max(k for _, _, k in table))
+    argv = cli_args(kw) + ["--host", args.host, "--port", str(args.port), "--middleware", ADMIN_MIDDLEWARE]
     if not any(a == "--served-model-name" or a.startswith("--served-model-name=") for a in passthrough):
         # In a pod the operator sets the NightjarDeployment's display name (spec.target.name): clients
         # call the model by it, not by the directory the files were copied to.
-        argv += ["--served-model-name", os.environ.get("NIGHTJAR_TARGET_NAME") or target.name]
-    if draft_s.lower() != "none":
-        if not Path(draft_s).is_dir():
-            raise SystemExit(f"--draft: {draft_s} is not a model directory (or pass --draft none)")
-        k = args.num_speculative_tokens
-        if k is None:
-            try:
-                k = load_runtime_config(os.environ["NIGHTJAR_CONFIG"]).planner.max_gamma
-            except RuntimeConfigError as e:
-                raise SystemExit(f"--config: {e}") from None
-        spec: dict[str, object] = {"method": "draft_model", "model": draft_s, "num_speculative_tokens": k}
-        if args.spec_per_batch_size:
-            if args.scheduler != "vllm":
-                raise SystemExit("--spec-per-batch-size: only with --scheduler vllm (Nightjar decides per step)")
-            try:
-                table = parse_spec_table(json.loads(args.spec_per_batch_size))
-            except ValueError as e:
-                raise SystemExit(f"--spec-per-batch-size: {e}") from None
-            spec["num_speculative_tokens_per_batch_size"] = table
-            spec["num_speculative_tokens"] = max(1, max(k for _, _, k in table))
-        argv += ["--speculative-config", json.dumps(spec)]
-    elif args.spec_per_batch_size:
-        raise SystemExit("--spec-per-batch-size: needs a draft")
-    if args.scheduler == "nightjar":
-        argv += ["--scheduler-cls", NIGHTJAR_SCHEDULER_CLS]
+        local = Path(model).is_dir()
+        argv += ["--served-model-name", os.environ.get("NIGHTJAR_TARGET_NAME") or (Path(model).name if local else model)]
     return argv + list(passthrough)
 
 

@@ -90,7 +90,8 @@ class ModelSource(_Model):
     pvc: PvcSource | None = None
     """A directory on a PersistentVolumeClaim."""
     uri: str | None = Field(None, max_length=2048, pattern=URI_PATTERN)
-    """A URI the worker loads itself (hf://org/repo is passed to vLLM as a Hub repo id)."""
+    """hf://Org/Model: a Hugging Face Hub repo, downloaded by the worker's vLLM into spec.modelCache
+    (revision pins it; spec.hub gives the token). No other scheme is supported."""
     image: ImageSource | None = None
     """A model image (modelcar layout), copied into the pod by an init container."""
     image_path: str | None = Field(None, max_length=1024, pattern=ABS_PATH_PATTERN)
@@ -137,6 +138,43 @@ class OffloadSpec(_Model):
     """KV-cache usage share counted as memory pressure (worker default 0.90)."""
     kv_usage_low: float | None = Field(None, ge=0, le=1)
     """Reload the draft only when used blocks fit in this share of the base pool (worker default 0.70)."""
+
+
+class SecretKeyRef(_Model):
+    """A key of a Secret in the NightjarDeployment's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    key: str = Field("HF_TOKEN", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class HubSpec(_Model):
+    """Access to the Hugging Face Hub for ``hf://`` sources (the worker's vLLM downloads them)."""
+
+    token_secret_ref: SecretKeyRef | None = None
+    """Secret key holding an access token (gated or private models), given to the worker as HF_TOKEN."""
+    endpoint: str | None = Field(None, max_length=2048, pattern=r"^https?://\S+$")
+    """A Hub mirror or proxy (HF_ENDPOINT), e.g. for clusters without internet access."""
+
+
+class ModelCacheSpec(_Model):
+    """Where downloaded models and vLLM's compile cache live, so a container restart does not
+    download again: an emptyDir (lives as long as the pod) or a PersistentVolumeClaim (outlives it)."""
+
+    size_limit: int | str | None = quantity_field()
+    """sizeLimit of the emptyDir (e.g. 40Gi); the kubelet evicts a pod that writes more."""
+    claim_name: str | None = Field(None, min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    """A PVC in the namespace mounted read-write instead (ReadWriteMany when replicas > 1)."""
+
+    @field_validator("size_limit")
+    @classmethod
+    def _q(cls, v: Any) -> Any:
+        return _quantity(v, "sizeLimit")
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelCacheSpec:
+        if self.size_limit is not None and self.claim_name is not None:
+            raise ValueError("set sizeLimit (emptyDir) or claimName (PVC), not both")
+        return self
 
 
 class SpeculationSpec(_Model):
@@ -230,6 +268,8 @@ class NightjarDeploymentSpec(_Model):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}})
     pod_annotations: dict[str, Annotated[str, Field(max_length=4096)]] | None = None
     """Extra annotations on the worker pods (e.g. for a service mesh); operator-set keys win."""
+    hub: HubSpec = Field(default_factory=HubSpec, json_schema_extra={"default": {}})
+    model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec, json_schema_extra={"default": {}})
     vllm_args: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
         default_factory=list, max_length=100
     )

@@ -115,10 +115,16 @@ def _model_roles(spec: NightjarDeploymentSpec) -> list[tuple[str, ModelRef]]:
     return [("target", spec.target), ("draft", spec.draft)]
 
 
-def spec_field_of(container: str) -> str | None:
-    """The spec field an operator-made init container comes from (for error messages)."""
+def spec_field_of(container: str, message: str = "") -> str | None:
+    """The spec field behind a container's failure, for error messages: a model init container's
+    image, or the Hub token Secret the worker's env cannot be built without (the kubelet says
+    ``secret "x" not found`` / ``couldn't find key K in Secret ns/x``)."""
     role = container.removeprefix("model-")
-    return f"spec.{role}.source.image" if container.startswith("model-") and role in ("target", "draft") else None
+    if container.startswith("model-") and role in ("target", "draft"):
+        return f"spec.{role}.source.image"
+    if container == "worker" and "secret" in message.lower():
+        return "spec.hub.tokenSecretRef"
+    return None
 
 
 def model_init_containers(spec: NightjarDeploymentSpec, security: dict[str, Any]) -> list[dict[str, Any]]:
@@ -156,8 +162,8 @@ def model_path(model: ModelRef, role: str) -> str:
         base = f"{c.MODELS_DIR}/{src.pvc.claim_name}"
         return f"{base}/{sub}" if sub else base
     if src.uri is not None:
-        # vLLM resolves Hub repo ids itself; other schemes are handed over unchanged.
-        return src.uri[len("hf://") :] if src.uri.startswith("hf://") else src.uri
+        # vLLM downloads Hub repo ids itself (validate.py refuses every other scheme).
+        return src.uri.removeprefix("hf://").rstrip("/")
     assert src.image_path is not None
     return src.image_path
 
@@ -180,6 +186,8 @@ def worker_args(spec: NightjarDeploymentSpec) -> list[str]:
     args += ["--config", c.CONFIG_PATH, "--host", "0.0.0.0", "--port", str(c.HTTP_PORT)]
     if spec.target.source.uri is not None and spec.target.revision:
         args += ["--revision", spec.target.revision]
+    if spec.draft.source.uri is not None and spec.draft.revision:
+        args += ["--draft-revision", spec.draft.revision]
     return args + list(spec.vllm_args)
 
 
@@ -197,6 +205,13 @@ def _env(spec: NightjarDeploymentSpec, name: str) -> list[dict[str, Any]]:
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}},
     ]
+    tok = spec.hub.token_secret_ref
+    if tok is not None:
+        # A missing Secret or key keeps the container in CreateContainerConfigError (no crash loop);
+        # pod_problems reports it against spec.hub.tokenSecretRef.
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": tok.name, "key": tok.key}}})
+    if spec.hub.endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": spec.hub.endpoint})
     if spec.target.revision:
         env.append({"name": "NIGHTJAR_TARGET_REVISION", "value": spec.target.revision})
     if spec.draft.revision:
@@ -218,6 +233,14 @@ def _resources(spec: NightjarDeploymentSpec) -> dict[str, Any]:
     if limits:
         out["limits"] = limits
     return out
+
+
+def cache_volume(spec: NightjarDeploymentSpec) -> dict[str, Any]:
+    """HF_HOME and vLLM's caches: survives container restarts (emptyDir) or the pod (a PVC)."""
+    mc = spec.model_cache
+    if mc.claim_name:
+        return {"name": "cache", "persistentVolumeClaim": {"claimName": mc.claim_name}}
+    return {"name": "cache", "emptyDir": {"sizeLimit": str(mc.size_limit)} if mc.size_limit is not None else {}}
 
 
 def _probe(period: int, failures: int, timeout: int = 1) -> dict[str, Any]:
@@ -253,7 +276,7 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
         # No subPath: kubelet then swaps the file in place when the ConfigMap changes (live reload).
         {"name": "config", "configMap": {"name": c.config_map_name(name), "items": [{"key": c.CONFIG_KEY, "path": c.CONFIG_KEY}]}},
         {"name": "tmp", "emptyDir": {}},
-        {"name": "cache", "emptyDir": {}},
+        cache_volume(spec),
         {"name": "shm", "emptyDir": {"medium": "Memory"}},
     ] + [
         {"name": f"model-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}

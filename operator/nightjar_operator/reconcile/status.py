@@ -102,7 +102,7 @@ def pod_problems(pods: list[dict[str, Any]]) -> list[str]:
                     detail = f"exit code {code}" + (f" {why}" if why else "") + (f": {msg}" if msg else "")
                 else:
                     detail = (waiting.get("message") or "").strip()
-                field = spec_field_of(cs.get("name", "")) if kind == "init container" else None
+                field = spec_field_of(cs.get("name", ""), waiting.get("message") or "")
                 where = f"{kind} {cs.get('name', '?')}" + (f" ({field})" if field else "")
                 line = f"pod {name} {where}: {reason}" + (f" ({detail})" if detail else "")
                 out.append(" ".join(line.split())[:_MESSAGE_CHARS])

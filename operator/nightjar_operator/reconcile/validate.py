@@ -25,6 +25,8 @@ MAX_NAME_LENGTH = 56  # leaves room for "-config" and still fits a 63-character 
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # Flags the operator sets itself; letting vllmArgs repeat them would make the pod ambiguous.
 RESERVED_ARGS = ("--model", "--draft", "--port", "--host", "--config", "--speculative-config")
+# hf://Org/Model, what the worker hands vLLM as a Hub repo id.
+HF_URI = re.compile(r"^hf://[A-Za-z0-9][\w.-]*/[\w.-]+/?$")
 WORKER_OFFLOAD_DEFAULTS = {"kv_usage_high": 0.90, "kv_usage_low": 0.70}
 
 
@@ -77,6 +79,17 @@ def semantic_errors(spec: NightjarDeploymentSpec, name: str = "") -> list[FieldE
         errs.append(FieldError("spec.draft.source", "the draft model must differ from the target model (same files)"))
     elif d.name == t.name and d.revision == t.revision:
         errs.append(FieldError("spec.draft.name", f"the draft model must differ from the target model ({t.name!r})"))
+
+    for role, m in (("target", t), ("draft", d)):
+        uri = m.source.uri
+        if uri is not None and not HF_URI.match(uri):
+            scheme = uri.split("://", 1)[0]
+            why = (f"scheme {scheme}:// is not supported" if scheme != "hf" else "expected hf://Org/Model")
+            errs.append(FieldError(f"spec.{role}.source.uri", f"{why} (got {uri!r}); use hf://Org/Model for a "
+                                   "Hugging Face Hub repo, or an image, pvc or imagePath source"))
+    if spec.model_cache.claim_name and spec.model_cache.claim_name in {
+            m.source.pvc.claim_name for m in (t, d) if m.source.pvc is not None}:
+        errs.append(FieldError("spec.modelCache.claimName", "must not be a model's PVC (models are mounted read-only)"))
 
     sp = spec.speculation
     k = sp.max_gamma
