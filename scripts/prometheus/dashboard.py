@@ -329,6 +329,12 @@ def overview() -> dict[str, Any]:
         [target(q("0.95", "nightjar_draft_offload_seconds"), "{{nightjar_deployment}} offload p95"),
          target(q("0.95", "nightjar_draft_reload_seconds"), "{{nightjar_deployment}} reload p95")], unit="s"))
     L.add(timeseries(
+        "Elastic memory: pods by state",
+        "Workers by nightjar_memory_offload_enabled's reason: enabled (they offload and reload the draft), "
+        "disabled (offload policy Never), or why the device cannot (cuda_kv_release_unverified: a CUDA "
+        "worker of this build keeps the draft resident; see docs/memory.md).",
+        [target(f"count by (reason) (nightjar_memory_offload_enabled{{{S}}})", "{{reason}}")], unit="short"), w=24)
+    L.add(timeseries(
         "KV blocks: total and gained from the draft",
         "KV cache blocks available to the target (nightjar_kv_blocks_total) and the part gained from the "
         "offloaded draft's bytes (nightjar_kv_blocks_extra), summed over workers.",

@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--control", default=None, help="JSON file with {latency_scale: float}")
     ap.add_argument("--profile", default=str(PROFILE))
+    ap.add_argument("--offload-reason", default="enabled",
+                    help="what nightjar_memory_offload_enabled reports (a GPU worker: cuda_kv_release_unverified)")
     args = ap.parse_args(argv)
 
     from nightjar_worker import metrics as wmod
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     wm = wmod.worker_metrics()
     wm.draft_state_changed(None, "resident")
     wm.set_kv_blocks(profile.kv_blocks_total)
+    wm.set_offload_enabled(args.offload_reason == "enabled", args.offload_reason)
     start_http_server(args.port, addr=args.host)
     print(f"simworker serving http://{args.host}:{args.port}/metrics", flush=True)
 

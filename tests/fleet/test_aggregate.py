@@ -115,3 +115,20 @@ def test_escaped_vllm_names_as_read_through_prometheus():
     doc = pod_doc().replace("vllm:", "vllm_")
     pm = extract(parse(doc), 0.0)
     assert pm.ttft is not None and pm.tpot is not None and pm.generation_tokens == 1000 and pm.running == 2
+
+
+def test_elastic_memory_condition_from_the_workers_reasons():
+    from nightjar_operator.fleet.memory import evaluate_memory
+
+    doc = pod_doc() + 'nightjar_memory_offload_enabled{reason="cuda_kv_release_unverified"} 0\n'
+    gpu = extract(parse(doc), 0.0)
+    cpu = extract(parse(pod_doc() + 'nightjar_memory_offload_enabled{reason="enabled"} 1\n'), 0.0)
+    assert gpu.offload == "cuda_kv_release_unverified" and cpu.offload == "enabled"
+    st = aggregate({"a": gpu, "b": cpu, "c": extract(parse(pod_doc()), 0.0)})
+    assert st.offload == {"cuda_kv_release_unverified": 1, "enabled": 1}
+    ev = evaluate_memory("Auto", st.offload)
+    assert (ev.status, ev.reason) == ("False", "Unavailable")
+    assert "1/2 pods serve with the draft always resident (1 pods: cuda_kv_release_unverified)" in ev.message
+    assert evaluate_memory("Auto", {"enabled": 3}).status == "True"
+    assert evaluate_memory("Auto", {}).status == "Unknown"
+    assert evaluate_memory("Never", {"disabled": 2}).reason == "Disabled"

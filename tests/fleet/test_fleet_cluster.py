@@ -89,13 +89,14 @@ class Endpoints:
         self.procs: dict[str, subprocess.Popen] = {}
         self.socks: list[socket.socket] = []
 
-    def simworker(self, ip: str, scale: float = 1.0) -> None:
+    def simworker(self, ip: str, scale: float = 1.0, offload_reason: str = "enabled") -> None:
         self.set_scale(ip, scale)
         if ip in self.procs and self.procs[ip].poll() is None:
             return  # the IP was reused for a new pod: the same endpoint now answers for it
         log = open(self.tmp / f"simworker-{ip}.log", "w")  # noqa: SIM115 - lives as long as the process
         self.procs[ip] = subprocess.Popen(
-            [sys.executable, str(SIMWORKER), "--host", ip, "--port", str(self.port), "--control", str(self._ctl(ip))],
+            [sys.executable, str(SIMWORKER), "--host", ip, "--port", str(self.port), "--control", str(self._ctl(ip)),
+             "--offload-reason", offload_reason],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
@@ -199,8 +200,10 @@ def test_priors_slo_and_an_unreachable_pod(fleet: Fleet):
         pods = fleet.pod_ips(track_selector(name, c.TRACK_STABLE), 3)
         (hung_pod, hung_ip), *good = sorted(pods.items())
         fleet.ep.hang(hung_ip)
-        for _, ip in good:
-            fleet.ep.simworker(ip)
+        # One worker cannot offload (as a CUDA worker of this build): the spec's offload Auto is
+        # reported as unavailable, naming the reason, while both keep serving.
+        for (_, ip), reason in zip(good, ("enabled", "cuda_kv_release_unverified"), strict=True):
+            fleet.ep.simworker(ip, offload_reason=reason)
 
         # Priors aggregated from the two live workers reach the ConfigMap the workers watch.
         def priors() -> PlannerPriors | None:
@@ -230,8 +233,12 @@ def test_priors_slo_and_an_unreachable_pod(fleet: Fleet):
         msg = met["message"]
         assert "ttft p95=" in msg and "tpot p95=" in msg and "attainment=" in msg, msg
         assert f"scrape failed for 1/3 pods: {hung_pod} (timeout)" in msg, msg
+        mem = condition(fleet.njd(name), "ElasticMemory")
+        assert mem["status"] == "False" and mem["reason"] == "Unavailable", mem
+        assert "1/2 pods serve with the draft always resident (1 pods: cuda_kv_release_unverified)" in mem["message"]
         st = fleet.njd(name)["status"]["fleet"]
         assert st["pods"] == 3 and st["podsScraped"] == 2 and st["requests"] > 0
+        assert st["offload"] == {"enabled": 1, "cuda_kv_release_unverified": 1}
         assert st["scrapeErrors"] == [f"{hung_pod}: timeout"]
         labels = {"namespace": fleet.ns, "deployment": name}
         assert (sample("nightjar_operator_scrape_failures_total", **labels) or 0) >= 1

@@ -1,5 +1,6 @@
 import pytest
-from nightjar_worker.memory.fault import BackoffConfig, FaultInjector, InjectedFault, RetryBackoff
+from nightjar_worker.memory.config import BackoffConfig
+from nightjar_worker.memory.fault import FaultInjector, InjectedFault, RetryBackoff
 from pydantic import ValidationError
 
 

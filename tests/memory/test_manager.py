@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import types
 
@@ -154,3 +155,25 @@ def test_config_sources_and_errors(tmp_path, monkeypatch):
         load_config({}, environ={"NIGHTJAR_MEMORY": "/nope"})
     with pytest.raises(ValueError, match="mode"):
         load_config({"nightjar_memory": {"mode": "sometimes"}}, environ={})
+
+
+@pytest.mark.parametrize(("device", "enabled", "reason"), [
+    ("cpu", True, None), ("cpu", False, "disabled"), ("cuda", True, "cuda_kv_release_unverified"),
+    ("xpu", True, "unsupported_device"),
+])
+def test_offload_asked_for_where_it_cannot_run_serves_with_the_draft_resident(monkeypatch, device, enabled, reason):
+    """A GPU pod with offload Auto must start: attach returns no manager (the draft stays resident),
+    logs why, and exports the reason; it never raises."""
+    from nightjar_worker.memory import manager as mm
+
+    monkeypatch.setenv("NIGHTJAR_MEMORY", json.dumps({"enabled": enabled}))
+    monkeypatch.setattr(mm, "find_engine_rpc", lambda: (_ for _ in ()).throw(AssertionError("must not start")))
+    cfg = types.SimpleNamespace(additional_config=None, device_config=types.SimpleNamespace(device_type=device))
+    assert mm.unavailable_reason(enabled, device) == reason
+    if reason is None:
+        with pytest.raises(AssertionError, match="must not start"):
+            ElasticMemoryManager.attach_if_enabled(object(), cfg)
+        return
+    assert ElasticMemoryManager.attach_if_enabled(object(), cfg) is None
+    assert reason in mm.UNAVAILABLE_MESSAGES
+    assert REGISTRY.get_sample_value("nightjar_memory_offload_enabled", {"reason": reason}) == 0

@@ -124,6 +124,11 @@ draft_reload_failures_total = Counter("nightjar_draft_reload_failures_total", "F
 draft_reload_cancels_total = Counter(
     "nightjar_draft_reload_cancels_total", "Draft reloads cancelled because KV pressure returned (not failures)"
 )
+offload_enabled = Gauge(
+    "nightjar_memory_offload_enabled",
+    "1 when elastic draft memory runs, 0 when it is off; reason says why (enabled, disabled, or why it "
+    "cannot run on this device)", ["reason"], multiprocess_mode=_MP,
+)
 kv_blocks_total = Gauge("nightjar_kv_blocks_total", "KV cache blocks available to the target", multiprocess_mode=_MP)
 kv_blocks_extra = Gauge(
     "nightjar_kv_blocks_extra", "KV blocks gained from the offloaded draft's bytes", multiprocess_mode=_MP
@@ -238,6 +243,10 @@ class WorkerMetrics:
 
     def observe_reload_cancel(self) -> None:
         draft_reload_cancels_total.inc()
+
+    def set_offload_enabled(self, enabled: bool, reason: str) -> None:
+        offload_enabled.clear()  # one series: the current reason
+        offload_enabled.labels(reason).set(1 if enabled else 0)
 
     def set_kv_blocks(self, total: int, extra: int = 0) -> None:
         kv_blocks_total.set(total)

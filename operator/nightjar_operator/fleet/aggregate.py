@@ -30,6 +30,7 @@ ACCEPTANCE_RATE = "nightjar_acceptance_rate"
 STEPS = "nightjar_steps_total"
 SWITCH_COST = "nightjar_switch_cost_seconds"
 DRAFT_STATE_INFO = "nightjar_draft_state_info"
+OFFLOAD_ENABLED = "nightjar_memory_offload_enabled"
 TTFT_NAMES = ("vllm:time_to_first_token_seconds",)
 TPOT_NAMES = (
     "vllm:request_time_per_output_token_seconds",
@@ -79,6 +80,7 @@ class PodMetrics:
     running: float | None = None
     waiting: float | None = None
     draft_state: str | None = None
+    offload: str | None = None  # reason label of nightjar_memory_offload_enabled ("enabled" when it runs)
     window_s: float | None = None  # set by ``window``: seconds between the two scrapes
 
 
@@ -126,6 +128,7 @@ def extract(scrape: Scrape, ts: float) -> PodMetrics:
     for s in scrape.series(DRAFT_STATE_INFO):
         if s.value >= 1:
             state = s.label("state")
+    offload = next((s.label("reason") for s in scrape.series(OFFLOAD_ENABLED)), None)
     dps = scrape.value(DRAFT_PREFILL)
     return PodMetrics(
         ts=ts,
@@ -142,6 +145,7 @@ def extract(scrape: Scrape, ts: float) -> PodMetrics:
         running=_first_value(scrape, RUNNING),
         waiting=_first_value(scrape, WAITING),
         draft_state=state,
+        offload=offload,
     )
 
 
@@ -197,6 +201,7 @@ class FleetStats:
     running: float = 0.0
     waiting: float = 0.0
     draft_states: dict[str, int] = field(default_factory=dict)
+    offload: dict[str, int] = field(default_factory=dict)  # reason -> pods ("enabled": elastic memory runs)
 
     @property
     def requests(self) -> float:
@@ -237,6 +242,8 @@ def aggregate(pods: Mapping[str, PodMetrics]) -> FleetStats:
         st.waiting += pm.waiting or 0.0
         if pm.draft_state:
             states[pm.draft_state] += 1
+        if pm.offload:
+            st.offload[pm.offload] = st.offload.get(pm.offload, 0) + 1
         if pm.generation_tokens is not None and pm.window_s:
             rate_total += pm.generation_tokens / pm.window_s
             have_rate = True

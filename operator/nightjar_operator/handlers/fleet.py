@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from nightjar_operator import constants as c
 from nightjar_operator.crd.models import NightjarDeploymentSpec
 from nightjar_operator.fleet.aggregate import FleetStats, PodMetrics, aggregate, extract, window
+from nightjar_operator.fleet.memory import evaluate_memory
 from nightjar_operator.fleet.priors import PriorsConfig, merge_priors, priors_equal
 from nightjar_operator.fleet.promtext import PromParseError, Scrape, parse
 from nightjar_operator.fleet.slo import evaluate_slo
@@ -433,15 +434,18 @@ def tick(api: Api, body: dict[str, Any], memo: Any, logger: Any = None, now: flo
         "running": fleet_all.running,
         "waiting": fleet_all.waiting,
         "draftStates": fleet_all.draft_states,
+        "offload": fleet_all.offload,
         "priorsEntries": pushed.get(c.TRACK_STABLE, 0),
     }
+    mem = evaluate_memory(spec.speculation.offload.policy, fleet_all.offload)
     gen = meta.get("generation")
 
     def fields(old: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         conds = [dict(x) for x in old.get("conditions") or []]
         new_conds = set_condition(conds, c.COND_SLO_MET, ev.status, ev.reason, msg[:4000], gen, now_iso())
-        if get_condition(conds, c.COND_SLO_MET) != get_condition(new_conds, c.COND_SLO_MET):
+        new_conds = set_condition(new_conds, c.COND_ELASTIC_MEMORY, mem.status, mem.reason, mem.message, gen, now_iso())
+        if any(get_condition(conds, t) != get_condition(new_conds, t) for t in (c.COND_SLO_MET, c.COND_ELASTIC_MEMORY)):
             out["conditions"] = new_conds
         old_fleet = {k: v for k, v in (old.get("fleet") or {}).items() if k != "lastScrapeTime"}
         if old_fleet != fleet_status:

@@ -15,11 +15,20 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .fault import BackoffConfig
 from .offload_policy import OffloadPolicyConfig
 
 ENV = "NIGHTJAR_MEMORY"
 ADDITIONAL_CONFIG_KEY = "nightjar_memory"
+
+
+class BackoffConfig(BaseModel):
+    """Retry back-off after a failed draft reload (``fault.RetryBackoff``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_s: float = Field(1.0, gt=0.0, description="delay after the first failure")
+    factor: float = Field(2.0, ge=1.0)
+    max_s: float = Field(60.0, gt=0.0)
 
 
 class ElasticMemoryConfig(BaseModel):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+if TYPE_CHECKING:  # the config model needs pydantic; this module does not (the GPU check imports it)
+    from .config import BackoffConfig
 
 FAULT_ENV = "NIGHTJAR_FAULT_RELOAD"
 
@@ -51,19 +53,15 @@ class FaultInjector:
                 raise InjectedFault(f"injected reload failure ({FAULT_ENV}, {self._left} left)")
 
 
-class BackoffConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    base_s: float = Field(1.0, gt=0.0, description="delay after the first failure")
-    factor: float = Field(2.0, ge=1.0)
-    max_s: float = Field(60.0, gt=0.0)
-
-
 class RetryBackoff:
     """Exponential back-off: after the k-th consecutive failure wait base * factor^(k-1), capped."""
 
     def __init__(self, config: BackoffConfig | None = None) -> None:
-        self.config = config or BackoffConfig()
+        if config is None:
+            from .config import BackoffConfig
+
+            config = BackoffConfig()
+        self.config = config
         self.failures = 0
         self.next_allowed_s = float("-inf")
 

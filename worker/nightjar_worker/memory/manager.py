@@ -74,6 +74,28 @@ def find_engine_rpc(max_depth: int = 12) -> Rpc | None:
     return None
 
 
+# Why elastic memory is off although it may have been asked for: the ``reason`` label of
+# ``nightjar_memory_offload_enabled`` and of the operator's ElasticMemory condition.
+UNAVAILABLE_MESSAGES = {
+    "disabled": "not requested (memory.enabled false / offload policy Never)",
+    "cuda_kv_release_unverified": (
+        "returning the offloaded draft's bytes to the KV cache on CUDA needs the KV pool in CUDA virtual "
+        "memory (memory/cuda_vmm.py), which has not passed on a GPU in this build; the draft stays "
+        "resident and speculation still adapts per step"
+    ),
+    "unsupported_device": "elastic memory supports the cpu and cuda devices only",
+}
+
+
+def unavailable_reason(enabled: bool, device_type: str) -> str | None:
+    """None when elastic memory runs on this device, else a key of ``UNAVAILABLE_MESSAGES``."""
+    if not enabled:
+        return "disabled"
+    if device_type == "cpu":
+        return None
+    return "cuda_kv_release_unverified" if device_type == "cuda" else "unsupported_device"
+
+
 class ElasticMemoryManager:
     def __init__(
         self,
@@ -131,7 +153,15 @@ class ElasticMemoryManager:
         from .config import load_config
 
         cfg = load_config(getattr(vllm_config, "additional_config", None) or {})
-        if not cfg.enabled:
+        device = str(getattr(getattr(vllm_config, "device_config", None), "device_type", "cpu") or "cpu")
+        reason = unavailable_reason(cfg.enabled, device)
+        m = _metrics()
+        if m is not None:
+            m.set_offload_enabled(reason is None, reason or "enabled")
+        if reason is not None:
+            if cfg.enabled:  # asked for and not possible: serve with the draft resident, and say why
+                log.warning("nightjar memory: elastic draft memory requested but off (%s): %s",
+                            reason, UNAVAILABLE_MESSAGES[reason])
             return None
         rpc = find_engine_rpc()
         if rpc is None:
