@@ -100,3 +100,24 @@ def test_page_releaser_frees_committed_pages():
         assert torch.all(t[base + 1 : -1] == 0)  # released pages read back as zero (lazily recommitted)
     with pytest.raises(NotImplementedError, match="CUDA virtual memory"):
         KVPageReleaser(kv, "cuda")
+
+
+def test_block_ranges_cover_every_vllm_layout_and_only_extra_blocks():
+    """Blocks on dim 0 with K/V or heads outside them (strided views of one buffer) give one range
+    per outer index, each holding exactly the extra blocks' bytes of that index."""
+    import torch
+    from nightjar_worker.memory.cuda_vmm import chunks_inside
+    from nightjar_worker.memory.kv_elastic import block_ranges
+
+    blocks, kv, heads, tok, dim = 8, 2, 2, 16, 64  # one block of one head: 16*64*4 = 4096 bytes
+    buf = torch.zeros(kv * blocks * heads * tok * dim, dtype=torch.float32)
+    flat = buf.view(kv, blocks, heads, tok, dim)  # K/V outermost (FlashAttention's layout)
+    got = block_ranges(flat.transpose(0, 1), first=5, page=1)  # logical [B, 2, H, N, C]
+    p, bs = buf.data_ptr(), heads * tok * dim * 4
+    assert got == [(p + 5 * bs, p + 8 * bs), (p + (8 + 5) * bs, p + 16 * bs)]
+    assert block_ranges(flat[0], first=5, page=1) == [(p + 5 * bs, p + 8 * bs)]  # blocks outermost
+    heads_out = buf[: heads * blocks * tok * dim].view(heads, blocks, tok, dim).transpose(0, 1)  # heads outside blocks
+    assert len(block_ranges(heads_out, first=6, page=1)) == heads
+    with pytest.raises(NotImplementedError, match="not contiguous"):
+        block_ranges(flat[:, :, :, :8, :].transpose(0, 1), first=5)  # a block with holes
+    assert list(chunks_inside(1, 4 * 2048, 2048)) == [1, 2, 3] and list(chunks_inside(10, 20, 2048)) == []

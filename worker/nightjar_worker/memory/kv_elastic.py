@@ -24,9 +24,10 @@ tensors and the block table; growing them means reallocating and rebinding every
 tensor in the worker while requests run. Holding ids out of the free queue needs no vLLM change,
 and page release makes the held-out part cost nothing.
 
-CUDA: the scheduler side is identical; releasing device pages needs CUDA virtual memory
-(cuMemCreate/cuMemMap per chunk, as the ``kvcached`` package does). ``KVPageReleaser`` raises a
-clear ``NotImplementedError`` there instead of pretending.
+CUDA: the scheduler side is identical; releasing device pages needs the pool in CUDA virtual memory
+(``cuda_vmm.py``: unmap and map the extra range's chunks). Until vLLM's KV pool is allocated there,
+CUDA workers run with elastic memory off (``manager.unavailable_reason``), and ``KVPageReleaser``
+refuses a CUDA tensor with a clear error instead of pretending.
 """
 
 from __future__ import annotations
@@ -56,6 +57,31 @@ def extra_block_ranges(
     start = (start + page - 1) // page * page  # inward: never touch a base block's bytes
     end = end // page * page
     return (start, end) if end > start else None
+
+
+def block_ranges(t: Any, first: int, page: int = PAGE, block_dim: int = 0) -> list[tuple[int, int]]:
+    """Page-aligned byte ranges of blocks ``first..`` of one KV tensor (blocks along ``block_dim``).
+
+    Dimensions with a larger stride than the block dimension (e.g. K/V or layer outside the blocks
+    in some layouts) split the blocks' bytes into one segment per index; the dimensions inside a
+    block must fill its stride (they do in every vLLM layout), else the bytes between blocks would
+    not be the blocks' own and the tensor is refused."""
+    n = t.shape[block_dim]
+    bs = t.stride(block_dim) * t.element_size()
+    inner = [d for d in range(t.dim()) if d != block_dim and t.stride(d) < t.stride(block_dim)]
+    outer = [d for d in range(t.dim()) if d != block_dim and t.stride(d) >= t.stride(block_dim) and t.shape[d] > 1]
+    span = t.element_size() * (1 + sum((t.shape[d] - 1) * t.stride(d) for d in inner))
+    if span != bs:
+        raise NotImplementedError(f"kv elastic: blocks of a KV tensor {tuple(t.shape)} strides {t.stride()} are not contiguous")
+    offsets = [0]
+    for d in outer:
+        offsets = [o + i * t.stride(d) * t.element_size() for o in offsets for i in range(t.shape[d])]
+    out = []
+    for o in offsets:
+        r = extra_block_ranges(t.data_ptr() + o, bs, n, first, page)
+        if r:
+            out.append(r)
+    return out
 
 
 def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -189,9 +215,8 @@ class KVPageReleaser:
     def __init__(self, kv_caches: Sequence[Any], device_type: str) -> None:
         if device_type != "cpu":
             raise NotImplementedError(
-                "kv elastic: releasing KV pages on CUDA needs CUDA virtual memory (cuMemMap/cuMemUnmap of "
-                "the pool's chunks, e.g. the kvcached package); not implemented in this build. The scheduler "
-                "side works unchanged; run with memory.release_pages=false to keep the pool committed."
+                "kv elastic: releasing KV pages on CUDA needs the KV pool in CUDA virtual memory "
+                "(memory/cuda_vmm.py CudaPageReleaser); madvise only works on host memory"
             )
         seen: dict[int, Any] = {}
         for t in kv_caches:
@@ -202,19 +227,7 @@ class KVPageReleaser:
         self._libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
     def ranges(self, first: int) -> list[tuple[int, int]]:
-        out = []
-        for t in self.layers:
-            n = t.shape[0]
-            if first >= n:
-                continue
-            tail = t[first:]
-            if not tail.is_contiguous():
-                raise NotImplementedError(f"kv elastic: blocks of a KV tensor {tuple(t.shape)} are not contiguous")
-            bs = t.stride(0) * t.element_size()
-            r = extra_block_ranges(t.data_ptr(), bs, n, first)
-            if r:
-                out.append(r)
-        return merge_ranges(out)
+        return merge_ranges([r for t in self.layers for r in block_ranges(t, first)])
 
     def release(self, first: int) -> int:
         """madvise(MADV_DONTNEED) the pages of blocks >= ``first``; returns bytes released."""
