@@ -209,6 +209,14 @@ def overhead(profile: CostProfile) -> list[list]:
     return rows
 
 
+def source_note(profile: CostProfile) -> str:
+    """Where the step times come from, said in every table (an analytic model is not a measurement)."""
+    if "analytic" in profile.device:
+        return (f"Step times: {profile.device}, standing in until a GPU-measured profile exists "
+                "(`make gpu-check` writes one; then `make bench-planner PROFILE=<it>`).")
+    return f"Step times measured on {profile.device}."
+
+
 def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out: Path) -> dict:
     profile = CostProfile.load(profile_path)
     tag = profile.name
@@ -247,7 +255,8 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
         notes=f"Mean of {len(seeds)} traces per cell. Loads: low/mid/high = 5/30/70 % of the oracle's capacity ({cap:.1f} req/s), saturated = 150 %, "
         "dynamic = 5 % -> 90 % -> 5 %. Throughput: tokens emitted between the warm-up and the last arrival / that time, capped at the "
         "offered rate (below saturation every policy that keeps up delivers exactly the offered load). "
-        "Latency = (finish - arrival) / output tokens, queueing included.",
+        "Latency = (finish - arrival) / output tokens, queueing included. "
+        + source_note(profile),
     )
     if abl:
         arows = []

@@ -1,0 +1,37 @@
+"""``make gpu-check`` runs on a GPU machine this CI does not have; its dry run (tiny shapes on CPU)
+executes the same code paths here, and what it writes must load as the simulator's CostProfile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from nightjar_worker.sim.profile import CostProfile
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_dry_run_writes_loadable_profiles(tmp_path):
+    env = {**os.environ, "GPU_CHECK_DRY": "1", "NIGHTJAR_GPU_CHECK_OUT": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1].startswith("RESULT gpu=cpu-dry-run ")
+    summary = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert summary["kv_release"] == {"skipped": "needs CUDA (cuda_vmm maps device memory)"}
+    assert summary["offload"]["reload_bytes"] == summary["offload"]["draft_bytes"] > 0
+    (path,) = summary["profiles"]
+    prof = CostProfile.load(tmp_path / path)
+    assert prof.gammas == [0, 1, 2] and prof.batch_sizes == [1, 2, 4]
+    assert prof.step_time(1, 2) > prof.step_time(1, 0) > 0  # drafting adds draft steps
+    assert prof.acceptance["all"] > 0 and "cpu-dry-run" in prof.device
+
+
+def test_gpu_check_refuses_without_a_gpu_unless_dry():
+    env = {k: v for k, v in os.environ.items() if k != "GPU_CHECK_DRY"}
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "GPU_CHECK_DRY=1" in r.stderr
