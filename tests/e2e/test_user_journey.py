@@ -248,6 +248,10 @@ def test_fleet_priors_reach_the_worker(installed, timings):
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("nightjar_config_reloads_total"))
 
     wait_for(lambda: reloads() >= 1, 120, "the worker applying the priors (nightjar_config_reloads_total)")
+    # The CPU worker runs elastic draft memory (offload Auto) and the fleet loop says so.
+    mem = wait_for(lambda: condition(get(installed, "njd", NAME), "ElasticMemory").get("status") == "True"
+                   and condition(get(installed, "njd", NAME), "ElasticMemory"), 60, "ElasticMemory=True")
+    assert mem["reason"] == "Active" and "1/1 pods" in mem["message"], mem
     timings.lap("fleet priors written and applied by the worker")
 
 
@@ -269,6 +273,15 @@ def test_invalid_resources_are_rejected_or_reported(installed, timings):
         _bad("no-such-image", reference="ghcr.io/nightjar-dev/no-such-models:1", path=MODEL)))
     installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(
         _bad("empty-model", reference="ghcr.io/nightjar-dev/nightjar-models:smollm2-135m", path="no-such-model")))
+    # A Hub model whose token Secret does not exist: the kubelet cannot build the worker's env
+    # (no crash loop), and the operator names the field; an unsupported URI scheme never deploys.
+    hub = _bad("hub-no-token", reference="unused")
+    hub["spec"]["target"]["source"] = {"uri": "hf://HuggingFaceTB/SmolLM2-135M"}
+    hub["spec"]["hub"] = {"tokenSecretRef": {"name": "hf-token-missing"}}
+    scheme = _bad("bad-scheme", reference="unused")
+    scheme["spec"]["target"]["source"] = {"uri": "s3://bucket/smollm2"}
+    for doc in (hub, scheme):
+        installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(doc))
 
     def degraded(name: str) -> str | None:
         cond = condition(get(installed, "njd", name), "Degraded")
@@ -278,7 +291,13 @@ def test_invalid_resources_are_rejected_or_reported(installed, timings):
     assert "init container model-target (spec.target.source.image)" in msg and "ImagePull" in msg, msg
     msg = wait_for(lambda: degraded("empty-model"), 180, "Degraded for the image without the model")
     assert "(spec.target.source.image)" in msg and "has no /models/no-such-model/config.json" in msg, msg
-    for name in ("no-such-image", "empty-model"):
+    msg = wait_for(lambda: degraded("hub-no-token"), 180, "Degraded for the missing Hub token Secret")
+    assert "container worker (spec.hub.tokenSecretRef): CreateContainerConfigError" in msg, msg
+    assert 'secret "hf-token-missing" not found' in msg, msg
+    ready = wait_for(lambda: condition(get(installed, "njd", "bad-scheme"), "Ready").get("reason") == "InvalidSpec"
+                     and condition(get(installed, "njd", "bad-scheme"), "Ready"), 60, "InvalidSpec for s3://")
+    assert "spec.target.source.uri: scheme s3:// is not supported" in ready["message"], ready
+    for name in ("no-such-image", "empty-model", "hub-no-token", "bad-scheme"):
         installed.kubectl("delete", "njd", name, "-n", NS, "--wait=true", timeout=120)
     timings.lap("drill: invalid resources reported")
 
