@@ -71,15 +71,9 @@ class RssSampler(threading.Thread):
 
 
 def prompts(n: int) -> list[str]:
-    qs = Path("/work/shared/data/specbench/questions.jsonl")
-    texts: list[str] = []
-    if qs.exists():
-        for line in qs.read_text().splitlines():
-            t = json.loads(line)["turns"][0]
-            if 40 <= len(t) <= 400:
-                texts.append(t)
-    if not texts:
-        texts = [f"Write a short story about a {w} who learns to cook." for w in ("cat", "dog", "robot", "wizard")]
+    from nightjar_worker.loadgen import load_prompts
+
+    texts = [p.text for p in load_prompts() if 40 <= len(p.text) <= 400]
     return [texts[i % len(texts)] for i in range(n)]
 
 

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-SPEC_BENCH = Path("/work/shared/data/specbench/questions.jsonl")
 SPEC_BENCH_ENV = "NIGHTJAR_SPECBENCH"
 
 
@@ -32,26 +31,24 @@ class Prompt:
     text: str
 
 
-def spec_bench_path() -> Path:
+def load_prompts(path: str | Path | None = None, categories: Sequence[str] | None = None) -> list[Prompt]:
+    """First turn of every Spec-Bench question (optionally only some categories), file order: the
+    400 bundled with the worker (``nightjar_worker.data``), or Spec-Bench's own ``question.jsonl``
+    at ``path`` / ``$NIGHTJAR_SPECBENCH``."""
     import os
 
-    p = os.environ.get(SPEC_BENCH_ENV)
-    return Path(p) if p else SPEC_BENCH
+    src = path or os.environ.get(SPEC_BENCH_ENV)
+    if src:
+        p = Path(src)
+        if not p.exists():
+            raise FileNotFoundError(f"Spec-Bench prompts not found at {p} ({SPEC_BENCH_ENV} or path)")
+        rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        qs = [(int(q["question_id"]), q["category"], q["turns"][0]) for q in rows]
+    else:
+        from nightjar_worker.data import specbench_questions
 
-
-def load_prompts(path: str | Path | None = None, categories: Sequence[str] | None = None) -> list[Prompt]:
-    """First turn of every Spec-Bench question (optionally only some categories), file order."""
-    p = Path(path) if path else spec_bench_path()
-    if not p.exists():
-        raise FileNotFoundError(f"Spec-Bench prompts not found at {p} (set {SPEC_BENCH_ENV})")
-    out = []
-    for line in p.read_text().splitlines():
-        if not line.strip():
-            continue
-        q = json.loads(line)
-        if categories and q["category"] not in categories:
-            continue
-        out.append(Prompt(int(q["question_id"]), q["category"], q["turns"][0]))
+        qs = [(int(q["question_id"]), q["category"], q["prompt"]) for q in specbench_questions()]
+    out = [Prompt(i, c, t) for i, c, t in qs if not categories or c in categories]
     if not out:
         raise ValueError(f"categories: no Spec-Bench prompts match {categories}")
     return out

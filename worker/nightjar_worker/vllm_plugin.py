@@ -16,7 +16,7 @@ log = logging.getLogger("nightjar.plugin")
 
 def register() -> None:
     if os.environ.get("NIGHTJAR_FLUSH_DENORMAL") == "1":
-        # float32 on CPU: denormal arithmetic runs 20-50x slower on x86 (../shared/notes/models.md);
+        # float32 on CPU: denormal arithmetic runs 20-50x slower on x86 (docs/engine.md);
         # set per process here, before any model runs in this process's main thread.
         import torch
 

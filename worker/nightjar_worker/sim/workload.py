@@ -1,6 +1,6 @@
 """Spec-Bench-like workload: request categories, prompt and output lengths, arrival traces.
 
-The shipped ``specbench_dist.json`` summarises ``shared/data/specbench/questions.jsonl`` (400 prompts
+The shipped ``specbench_dist.json`` summarises the bundled Spec-Bench questions (``data/specbench_questions.jsonl.gz``) (400 prompts
 in 12 categories): per category its share of the prompts and the empirical prompt lengths in tokens
 (characters / 4 + 16 chat-template tokens, first turn). Spec-Bench ships no answers, so output
 lengths are a stated assumption per category (lognormal median/sigma, clipped to [8, 1024]),
