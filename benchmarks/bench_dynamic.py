@@ -93,7 +93,7 @@ DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading", "draining")
 # busy (~30 s per request at 64 tokens: ~3 back to back in 90 s). Its former trace (low 0.04 req/s, high
 # capped at 6) put 0-1 requests in each low phase and never reached the batch where no-SD wins. Low
 # phases of 150 s, high 60 s and saw levels of 15 s (aca6011, 2026-12-03; results in
-# dynamic-qwen/trace150-aca6011/) did not steady the low phases' figures (docs/results-log.md).
+# dynamic-qwen/trace150-aca6011/) did not steady the low phases' figures.
 TRACES = {
     "bundled": dynamic_lib.TraceSpec(low_rate=0.1, high_rate=1.0, low_cap=2, high_cap=8),
     "qwen": dynamic_lib.TraceSpec(low_rate=0.2, high_rate=1.0, low_cap=1, high_cap=16,
