@@ -8,7 +8,7 @@ MANIFESTS_NS ?= nightjar-system
 HELM ?= $(CACHE)/bin/helm
 HELM_RENDER = $(HELM) template nightjar $(CHART) --namespace $(MANIFESTS_NS) --skip-tests --set crds.install=false
 
-.PHONY: prometheus chart-crds dashboards manifests manifests-render chart-lint
+.PHONY: prometheus chart-crds dashboards chart-readme manifests manifests-render chart-lint
 
 prometheus: ## Prometheus + promtool from Debian (idempotent; tests start their own on loopback)
 	bash scripts/prometheus/install.sh
@@ -23,7 +23,10 @@ chart-crds: ## link manifests/crds/*.yaml into the chart (files/crds/)
 dashboards: ## regenerate charts/nightjar/dashboards/*.json from scripts/prometheus/dashboard.py
 	python3 scripts/prometheus/dashboard.py
 
-manifests: crds chart-crds dashboards manifests-render ## render manifests/ (plain YAML) from the chart
+chart-readme: ## regenerate charts/nightjar/README.md from values.yaml's comments
+	python3 scripts/chart/readme.py
+
+manifests: crds chart-crds dashboards chart-readme manifests-render ## render manifests/ (plain YAML) from the chart
 
 # Render only (no regeneration): the test renders into a temporary MANIFESTS_DIR and compares.
 manifests-render:

@@ -208,6 +208,14 @@ def test_dashboards_up_to_date():
     assert p.returncode == 0, p.stderr
 
 
+def test_chart_readme_up_to_date():
+    """charts/nightjar/README.md is generated from values.yaml: a value added without regenerating fails."""
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/chart/readme.py"), "--check"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    readme = (ROOT / "charts/nightjar/README.md").read_text()
+    assert "| metrics.serviceMonitor.labels | object | `{}` | Extra labels" in readme
+
+
 def test_manifests_match_chart(helm, tmp_path):
     """manifests/ (except crds/ and samples/, owned by the operator) is `make manifests-render` output."""
     p = subprocess.run(["make", "-s", "manifests-render", f"MANIFESTS_DIR={tmp_path}", f"HELM={helm}"],
