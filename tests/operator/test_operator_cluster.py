@@ -174,7 +174,7 @@ def test_lifecycle_create_update_scale_delete(cl: Cluster):
         st = obj["status"]
         assert st["replicas"] == 2 and st["target"] == "target-1" and st["draft"] == "draft-1"
         assert st["selector"] == f"app.kubernetes.io/name=nightjar-worker,nightjar.dev/deployment={name}"
-        assert {x["type"] for x in st["conditions"]} == {"Ready", "Progressing", "Degraded", "SLOMet"}
+        assert {x["type"] for x in st["conditions"]} == {"Ready", "Progressing", "Degraded", "SLOMet", "ElasticMemory"}
         assert all(x["observedGeneration"] == obj["metadata"]["generation"] for x in st["conditions"])
         for kind, child in (("Deployment", name), ("Service", name), ("ConfigMap", f"{name}-config")):
             refs = cl.child(kind, child)["metadata"]["ownerReferences"]
@@ -297,6 +297,53 @@ def test_invalid_spec_reported_and_children_untouched(cl: Cluster):
         cl.patch(name, {"speculation": {"maxGamma": 6}})
         cl.wait_ready(name, replicas=2)
         assert children_snapshot(cl, name)["Deployment"] != before["Deployment"]  # K changed: pods roll
+        delete_and_wait(cl, name)
+    assert_clean(runner.output)
+
+
+def test_pod_overrides_reach_the_pods_and_a_refused_one_names_its_field(cl: Cluster):
+    """The apiserver accepts the worker pods with the overrides (it validates the pod template), and
+    one it refuses (422) is Degraded=ChildRejected naming the spec.pod field while the pods serve on."""
+    name = "ovr"
+    pod = {
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                       "whenUnsatisfiable": "ScheduleAnyway"}],
+        "labels": {"team": "search"}, "annotations": {"example.org/owner": "search"},
+        "env": [{"name": "EXTRA", "value": "1"}],
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}],
+        "volumeMounts": [{"name": "scratch", "mountPath": "/var/scratch"}],
+    }
+    with KopfRunner(RUN_ARGS, timeout=60) as runner:
+        cl.apply(cr(name, pod=pod, drain={"drainSeconds": 20}))
+        cl.wait_ready(name, replicas=2)
+        (p,) = cl.listing("Pod", f"nightjar.dev/deployment={name}")[:1]
+        ps = p["spec"]
+        assert ps["nodeSelector"] == pod["nodeSelector"] and ps["terminationGracePeriodSeconds"] == 5 + 20 + 15
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in ps["tolerations"]
+        assert ps["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"]["nightjar.dev/deployment"] == name
+        assert p["metadata"]["labels"]["team"] == "search"
+        worker = ps["containers"][0]
+        assert {"name": "EXTRA", "value": "1"} in worker["env"]
+        assert any(m["mountPath"] == "/var/scratch" for m in worker["volumeMounts"])
+        before = children_snapshot(cl, name)
+
+        # A hostPath without a path passes the CRD schema (core/v1 objects are kept whole) and the
+        # operator's checks; the apiserver refuses the Deployment.
+        cl.patch(name, {"pod": {**pod, "volumes": [{"name": "scratch", "hostPath": {"type": "Directory"}}]}})
+
+        def rejected() -> dict[str, Any] | None:
+            deg = condition(cl.njd(name), "Degraded")
+            return deg if deg.get("reason") == "ChildRejected" else None
+
+        deg = wait_for(rejected, 60, "Degraded=ChildRejected")
+        assert deg["status"] == "True" and "spec.pod.volumes[0].hostPath.path" in deg["message"], deg
+        assert condition(cl.njd(name), "Ready")["reason"] == "ChildRejected"
+        assert children_snapshot(cl, name) == before  # the running pods are left as they were
+        cl.patch(name, {"pod": pod})
+        cl.wait_ready(name, replicas=2)
+        assert condition(cl.njd(name), "Degraded")["reason"] == "AsExpected"
         delete_and_wait(cl, name)
     assert_clean(runner.output)
 

@@ -198,6 +198,96 @@ class SpeculationSpec(_Model):
     offload: OffloadSpec = Field(default_factory=OffloadSpec, json_schema_extra={"default": {}})
 
 
+# --------------------------------------------------------------------- worker pod overrides
+ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_K8S_OBJECT = {"x-kubernetes-preserve-unknown-fields": True}  # a core/v1 type the apiserver checks in the pod
+
+
+def k8s_object(description: str = "") -> Any:
+    return Field(None, json_schema_extra=_K8S_OBJECT, description=description or None)
+
+
+class LocalObjectReference(_Model):
+    name: str = Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+
+
+class Toleration(_Model):
+    """core/v1 Toleration."""
+
+    key: str | None = Field(None, max_length=317)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class EnvVar(_Model):
+    """core/v1 EnvVar: a value, or valueFrom (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME)
+    value: str | None = None
+    value_from: dict[str, Any] | None = k8s_object()
+
+
+class EnvFromSource(_Model):
+    """core/v1 EnvFromSource: every key of a ConfigMap or Secret as environment variables."""
+
+    prefix: str | None = Field(None, max_length=256)
+    config_map_ref: dict[str, Any] | None = k8s_object()
+    secret_ref: dict[str, Any] | None = k8s_object()
+
+
+class VolumeMount(_Model):
+    """core/v1 VolumeMount into the worker container (of a volume in pod.volumes)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS1123_LABEL)
+    mount_path: str = Field(min_length=1, max_length=1024, pattern=ABS_PATH_PATTERN)
+    read_only: bool | None = None
+    sub_path: str | None = Field(None, max_length=1024, pattern=REL_PATH_PATTERN)
+
+
+class PodSpecOverrides(_Model):
+    """What real clusters add to the worker pods: scheduling, identity, extra env and volumes.
+    core/v1 objects kept whole (affinity, volumes, ...) are checked by the apiserver when the
+    operator applies the Deployment; a refusal is reported in Degraded, naming the field."""
+
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = None
+    tolerations: list[Toleration] | None = Field(None, max_length=64)
+    affinity: dict[str, Any] | None = k8s_object("core/v1 Affinity")
+    topology_spread_constraints: list[dict[str, Any]] | None = Field(
+        None, max_length=16, json_schema_extra={"items": {"type": "object", **_K8S_OBJECT}})
+    """core/v1 TopologySpreadConstraint list; labelSelector defaults to this pool's pods when omitted."""
+    runtime_class_name: str | None = Field(None, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    priority_class_name: str | None = Field(None, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    service_account_name: str | None = Field(None, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    """A ServiceAccount for the workers (e.g. for image pulls or a mesh identity); its token is still
+    not mounted (workers never call the Kubernetes API)."""
+    image_pull_secrets: list[LocalObjectReference] | None = Field(None, max_length=16)
+    labels: dict[str, Annotated[str, Field(max_length=63)]] | None = None
+    """Extra pod labels (keys: qualified names); the operator's own label keys are refused."""
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] | None = None
+    """Extra pod annotations (e.g. for a service mesh); operator-set keys win."""
+    env: list[EnvVar] | None = Field(None, max_length=128)
+    """Extra worker environment; names the operator sets (NIGHTJAR_*, HF_*, ...) are refused."""
+    env_from: list[EnvFromSource] | None = Field(None, max_length=16)
+    volumes: list[dict[str, Any]] | None = Field(
+        None, max_length=32, json_schema_extra={"items": {"type": "object", "required": ["name"], **_K8S_OBJECT}})
+    """core/v1 Volume list; names the operator uses (config, tmp, cache, shm, oci-models, model-N) are refused."""
+    volume_mounts: list[VolumeMount] | None = Field(None, max_length=32)
+
+
+class DrainSpec(_Model):
+    """How a worker pod stops: out of the Service first, then in-flight requests finish."""
+
+    pre_stop_delay_seconds: int = Field(5, ge=0, le=300)
+    """preStop sleep before SIGTERM, while endpoint removal reaches every proxy and router."""
+    drain_seconds: int = Field(30, ge=0, le=3600)
+    """After SIGTERM the worker admits nothing new and lets running requests finish for up to this
+    long (vLLM --shutdown-timeout; 0 aborts them). The pod's terminationGracePeriodSeconds is
+    preStopDelaySeconds + drainSeconds + 15."""
+
+
 class SloSpec(_Model):
     """Latency objectives; the planner respects tpotP95Ms, the fleet loop reports attainment (SLOMet)."""
 
@@ -232,7 +322,11 @@ class ResourcesSpec(_Model):
     """Worker container resources."""
 
     gpus: int = Field(0, ge=0, le=16)
-    """nvidia.com/gpu per worker pod (request = limit); 0 runs on CPU."""
+    """Accelerators per worker pod (request = limit, resource acceleratorResource); 0 runs on CPU."""
+    accelerator_resource: str = Field("nvidia.com/gpu", max_length=253,
+                                      pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+    """Extended resource name of the accelerator (nvidia.com/gpu, amd.com/gpu, a MIG profile such as
+    nvidia.com/mig-3g.40gb, ...)."""
     requests: ResourceList | None = None
     limits: ResourceList | None = None
 
@@ -267,7 +361,10 @@ class NightjarDeploymentSpec(_Model):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}})
     pod_annotations: dict[str, Annotated[str, Field(max_length=4096)]] | None = None
-    """Extra annotations on the worker pods (e.g. for a service mesh); operator-set keys win."""
+    """Deprecated: use pod.annotations (both are applied; pod.annotations wins)."""
+    pod: PodSpecOverrides = Field(default_factory=PodSpecOverrides, json_schema_extra={"default": {}})
+    drain: DrainSpec = Field(default_factory=DrainSpec, json_schema_extra={"default": {}})
+    """Worker pod overrides: scheduling, identity, extra env, volumes, labels, annotations."""
     hub: HubSpec = Field(default_factory=HubSpec, json_schema_extra={"default": {}})
     model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec, json_schema_extra={"default": {}})
     vllm_args: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(

@@ -9,6 +9,7 @@ duplicate: the next run finds and adopts (or updates) what the previous one crea
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -23,7 +24,7 @@ from nightjar_operator import constants as c
 from nightjar_operator.handlers.k8s import Api, api_error_reason, namespace_terminating
 from nightjar_operator.handlers.rollout import stable_spec
 from nightjar_operator.metrics import metrics
-from nightjar_operator.reconcile.children import Owner, desired_children
+from nightjar_operator.reconcile.children import Owner, desired_children, override_field
 from nightjar_operator.reconcile.config import live_priors
 from nightjar_operator.reconcile.diff import Action, differences, plan, update_body
 from nightjar_operator.reconcile.status import (
@@ -73,6 +74,26 @@ def _summary(paths: list[str], limit: int = 4) -> str:
     return ", ".join(short[:limit]) + more
 
 
+def rejection(e: ApiException, desired: dict[str, Any]) -> str | None:
+    """A 422 (Invalid) from the apiserver as one line naming the spec fields behind it, or None."""
+    if e.status != 422:
+        return None
+    try:
+        body = json.loads(e.body or "{}")
+    except ValueError:
+        body = {}
+    causes = (body.get("details") or {}).get("causes") or []
+    pod = ((desired.get("spec") or {}).get("template") or {}).get("spec")
+    parts = []
+    for cause in causes:
+        f = cause.get("field", "")
+        if pod is not None and f.startswith("spec.template.spec."):
+            f = override_field(f, pod)
+        parts.append(f"{f}: {cause.get('message', '')}".strip(": "))
+    what = "; ".join(parts) or body.get("message") or str(e.reason)
+    return f"{desired['kind']} {desired['metadata']['name']} refused by the apiserver: {what}"
+
+
 def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None, owner: Owner, body: dict[str, Any], observed: Observed) -> dict[str, Any] | None:
     kind, name = desired["kind"], desired["metadata"]["name"]
     action = plan(desired, live, owner.uid)
@@ -91,6 +112,9 @@ def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None,
             if namespace_terminating(e):  # e.g. a child's deletion event while the namespace goes away
                 log.info("namespace %s is being deleted: not re-creating %s %s", owner.namespace, kind, name)
                 return None
+            if (why := rejection(e, desired)) is not None:
+                observed.rejected.append(why)
+                return None
             raise
         m.child_writes.labels(kind, "create").inc()
         _event(body, "Normal", "Created", f"Created {kind} {name}")
@@ -104,6 +128,9 @@ def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None,
     except ApiException as e:
         if e.status == 409:  # someone wrote in between (resourceVersion): re-read and compare again
             raise kopf.TemporaryError(f"{kind} {name} changed while updating it; retrying", delay=1) from e
+        if (why := rejection(e, desired)) is not None:  # the running version stays as it is
+            observed.rejected.append(why)
+            return live
         raise
     m.child_writes.labels(kind, "update").inc()
     _event(body, "Normal", "Updated", f"Updated {kind} {name}: {_summary(changed)}")

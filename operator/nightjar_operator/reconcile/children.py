@@ -180,6 +180,16 @@ def _memory_env(spec: NightjarDeploymentSpec) -> str:
 
 
 # ------------------------------------------------------------------------------------- deployment
+def rolling_strategy(spec: NightjarDeploymentSpec) -> dict[str, int]:
+    """Never below the replicas that serve now: a single replica is replaced surge-first (its
+    successor must be Ready before it goes; on a GPU that needs a spare GPU, else the rollout waits
+    and the old pod keeps serving). Larger GPU pools replace one pod at a time in place (a surge pod
+    would need a spare GPU); CPU pools surge."""
+    if spec.replicas <= 1 or spec.resources.gpus == 0:
+        return {"maxSurge": 1, "maxUnavailable": 0}
+    return {"maxSurge": 0, "maxUnavailable": 1}
+
+
 def worker_args(spec: NightjarDeploymentSpec) -> list[str]:
     args = ["--model", model_path(spec.target, "target"), "--draft", model_path(spec.draft, "draft")]
     # The worker binds loopback by default; in a pod the kubelet probes and the Service need all interfaces.
@@ -188,6 +198,8 @@ def worker_args(spec: NightjarDeploymentSpec) -> list[str]:
         args += ["--revision", spec.target.revision]
     if spec.draft.source.uri is not None and spec.draft.revision:
         args += ["--draft-revision", spec.draft.revision]
+    # On SIGTERM vLLM stops admitting and lets running requests finish for this long (then aborts).
+    args += ["--shutdown-timeout", str(spec.drain.drain_seconds)]
     return args + list(spec.vllm_args)
 
 
@@ -225,8 +237,8 @@ def _resources(spec: NightjarDeploymentSpec) -> dict[str, Any]:
     limits = res.limits.k8s() if res.limits else {}
     if res.gpus > 0:
         # Extended resources: request must equal limit.
-        requests[c.GPU_RESOURCE] = str(res.gpus)
-        limits[c.GPU_RESOURCE] = str(res.gpus)
+        requests[res.accelerator_resource] = str(res.gpus)
+        limits[res.accelerator_resource] = str(res.gpus)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests
@@ -252,9 +264,59 @@ def _probe(period: int, failures: int, timeout: int = 1) -> dict[str, Any]:
     }
 
 
+# What the operator itself puts in a worker pod: pod overrides may not take these (validate.py).
+OWN_VOLUMES = frozenset({"config", "tmp", "cache", "shm", OCI_VOLUME})
+OWN_MOUNT_DIRS = (c.CONFIG_DIR, "/tmp", c.CACHE_DIR, "/dev/shm", c.MODELS_DIR)
+OWN_ENV_PREFIXES = ("NIGHTJAR_", "HF_", "VLLM_", "PROMETHEUS_")
+OWN_ENV = frozenset({"HOME", "POD_NAME", "POD_NAMESPACE"})
+
+
+def apply_pod_overrides(name: str, spec: NightjarDeploymentSpec, pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """Merge spec.pod into a worker pod spec and its container (in place). The operator's own env,
+    volumes and mounts come first and validate.py refuses overrides that would shadow them."""
+    o = spec.pod
+    for key, val in (("nodeSelector", o.node_selector), ("runtimeClassName", o.runtime_class_name),
+                     ("priorityClassName", o.priority_class_name), ("serviceAccountName", o.service_account_name),
+                     ("affinity", o.affinity)):
+        if val:
+            pod[key] = val
+    if o.tolerations:
+        pod["tolerations"] = [t.wire() for t in o.tolerations]
+    if o.topology_spread_constraints:
+        # Without a selector a constraint counts no pods at all: default to this pool's workers.
+        pod["topologySpreadConstraints"] = [
+            {"labelSelector": {"matchLabels": service_selector(name)}, **tsc} for tsc in o.topology_spread_constraints]
+    if o.image_pull_secrets:
+        pod["imagePullSecrets"] = [r.wire() for r in o.image_pull_secrets]
+    if o.volumes:
+        pod["volumes"] = pod["volumes"] + list(o.volumes)
+    if o.env:
+        container["env"] = container["env"] + [e.wire() for e in o.env]
+    if o.env_from:
+        container["envFrom"] = [e.wire() for e in o.env_from]
+    if o.volume_mounts:
+        container["volumeMounts"] = container["volumeMounts"] + [m.wire() for m in o.volume_mounts]
+
+
+def override_field(path: str, pod: dict[str, Any]) -> str:
+    """The spec.pod field behind an apiserver error on a rendered Deployment field (as the 422's
+    causes name it), e.g. spec.template.spec.volumes[6].hostPath -> spec.pod.volumes[1].hostPath."""
+    import re
+
+    own_volumes = sum(1 for v in pod.get("volumes", []) if v["name"] in OWN_VOLUMES or v["name"].startswith("model-"))
+    ctr = pod["containers"][0]
+    own_env = sum(1 for e in ctr.get("env", []) if e["name"] in OWN_ENV or e["name"].startswith(OWN_ENV_PREFIXES))
+    own_mounts = sum(1 for m in ctr.get("volumeMounts", []) if m["name"] in OWN_VOLUMES or m["name"].startswith("model-"))
+    p = path.replace("spec.template.spec.containers[0].", "spec.pod.").replace("spec.template.spec.", "spec.pod.")
+    for key, own in (("volumes", own_volumes), ("env", own_env), ("volumeMounts", own_mounts)):
+        p = re.sub(rf"spec\.pod\.{key}\[(\d+)\]", lambda m, k=key, n=own: f"spec.pod.{k}[{int(m.group(1)) - n}]", p)
+    return p
+
+
 def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, Any]:
     name = owner.name
-    pod_labels = {**common_labels(name), c.LABEL_TRACK: c.TRACK_STABLE}
+    dr = spec.drain
+    pod_labels = {**(spec.pod.labels or {}), **common_labels(name), c.LABEL_TRACK: c.TRACK_STABLE}
     pair = {c.ANN_TARGET: spec.target.name, c.ANN_DRAFT: spec.draft.name}
     claims = _claims(spec)
     mounts = [
@@ -297,11 +359,11 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
         "livenessProbe": _probe(period=15, failures=4, timeout=5),
         "securityContext": security,
         "volumeMounts": mounts,
+        # The kubelet runs preStop before SIGTERM: the pod is already out of the Service's endpoints,
+        # and the delay lets every proxy notice before vLLM stops accepting (it then drains).
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(dr.pre_stop_delay_seconds)]}}},
     }
-    # Without spare GPUs a surge pod can never schedule: replace in place instead.
-    strategy = (
-        {"maxSurge": 0, "maxUnavailable": 1} if spec.resources.gpus > 0 else {"maxSurge": 1, "maxUnavailable": 0}
-    )
+    strategy = rolling_strategy(spec)
     obj = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -317,6 +379,7 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
                     "labels": pod_labels,
                     "annotations": {
                         **(spec.pod_annotations or {}),
+                        **(spec.pod.annotations or {}),
                         **pair,
                         c.ANN_ENGINE_HASH: engine_hash(spec),
                         "prometheus.io/scrape": "true",
@@ -327,7 +390,8 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
                 "spec": {
                     "automountServiceAccountToken": False,  # workers never talk to the API
                     "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": 60,
+                    # preStop delay + vLLM's drain + time to exit; past it the kubelet kills.
+                    "terminationGracePeriodSeconds": dr.pre_stop_delay_seconds + dr.drain_seconds + 15,
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": c.WORKER_UID,
@@ -342,6 +406,7 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
             },
         },
     }
+    apply_pod_overrides(name, spec, obj["spec"]["template"]["spec"], container)
     return _with_hash(obj)
 
 

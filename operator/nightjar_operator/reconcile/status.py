@@ -63,6 +63,7 @@ class Observed:
     invalid: list[str] = field(default_factory=list)  # InvalidSpec messages, each naming a field
     conflicts: list[str] = field(default_factory=list)  # children with our name owned by someone else
     pod_problems: list[str] = field(default_factory=list)  # why worker pods do not start (pod_problems())
+    rejected: list[str] = field(default_factory=list)  # children the apiserver refused (422), naming spec fields
 
 
 # Waiting reasons that do not clear by themselves: the pod needs a fix (image, config, crash).
@@ -136,6 +137,8 @@ def compute_status(body: dict[str, Any], observed: Observed, now: str | None = N
     degraded = ("False", "AsExpected", "no failure reported")
     if observed.conflicts:
         degraded = ("True", "ChildConflict", "; ".join(observed.conflicts))
+    elif observed.rejected:
+        degraded = ("True", "ChildRejected", "; ".join(observed.rejected))
     elif observed.pod_problems:
         more = len(observed.pod_problems) - 3
         degraded = ("True", "PodFailing", "; ".join(observed.pod_problems[:3]) + (f" (+{more} more)" if more > 0 else ""))
@@ -154,6 +157,9 @@ def compute_status(body: dict[str, Any], observed: Observed, now: str | None = N
     elif observed.conflicts:
         ready_c = ("False", "ChildConflict", "; ".join(observed.conflicts))
         prog_c = ("False", "ChildConflict", "cannot take over objects owned by someone else")
+    elif observed.rejected:
+        ready_c = ("False", "ChildRejected", "; ".join(observed.rejected))
+        prog_c = ("False", "ChildRejected", "the apiserver refused a child; running children left unchanged")
     elif dep is None:
         ready_c = ("False", "Creating", "worker Deployment not created yet")
         prog_c = ("True", "Creating", "creating children")
@@ -179,6 +185,9 @@ def compute_status(body: dict[str, Any], observed: Observed, now: str | None = N
     conds = set_condition(conds, c.COND_DEGRADED, *degraded, gen, now)
     if get_condition(conds, c.COND_SLO_MET) is None:
         conds = set_condition(conds, c.COND_SLO_MET, "Unknown", "NotMeasured", "no SLO measurements yet", gen, now)
+    if get_condition(conds, c.COND_ELASTIC_MEMORY) is None:  # the fleet loop sets it from the workers' metrics
+        conds = set_condition(conds, c.COND_ELASTIC_MEMORY, "Unknown", "NotMeasured",
+                              "no worker has reported its elastic memory state yet", gen, now)
     conds.sort(key=lambda x: (c.CONDITION_TYPES + (x["type"],)).index(x["type"]))
 
     status = dict(old)

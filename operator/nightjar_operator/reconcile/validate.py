@@ -24,7 +24,9 @@ MAX_SUPPORTED_GAMMA = 16
 MAX_NAME_LENGTH = 56  # leaves room for "-config" and still fits a 63-character Service name
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # Flags the operator sets itself; letting vllmArgs repeat them would make the pod ambiguous.
-RESERVED_ARGS = ("--model", "--draft", "--port", "--host", "--config", "--speculative-config")
+RESERVED_ARGS = ("--model", "--draft", "--port", "--host", "--config", "--speculative-config", "--revision",
+                 "--draft-revision", "--shutdown-timeout")
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 # hf://Org/Model, what the worker hands vLLM as a Hub repo id.
 HF_URI = re.compile(r"^hf://[A-Za-z0-9][\w.-]*/[\w.-]+/?$")
 WORKER_OFFLOAD_DEFAULTS = {"kv_usage_high": 0.90, "kv_usage_low": 0.70}
@@ -136,8 +138,51 @@ def semantic_errors(spec: NightjarDeploymentSpec, name: str = "") -> list[FieldE
         if flag in RESERVED_ARGS:
             errs.append(FieldError(f"spec.vllmArgs[{i}]", f"{flag} is set by the operator and cannot be overridden"))
 
+    errs.extend(pod_override_errors(spec))
     if not errs:
         errs.extend(planner_config_errors(spec))
+    return errs
+
+
+def pod_override_errors(spec: NightjarDeploymentSpec) -> list[FieldError]:
+    """spec.pod may add to the worker pod but not shadow what the operator puts there."""
+    from nightjar_operator.reconcile import children as ch
+
+    o, errs = spec.pod, []
+    own_labels = set(ch.common_labels("x")) | set(ch.pod_selector("x"))
+    for key in o.labels or {}:
+        if key in own_labels:
+            errs.append(FieldError(f"spec.pod.labels[{key}]", "is set by the operator (it selects the pods)"))
+        elif len(key) > 317 or not LABEL_KEY.match(key):
+            errs.append(FieldError(f"spec.pod.labels[{key}]", "is not a valid label key ([prefix/]name)"))
+    for i, e in enumerate(o.env or []):
+        if e.name in ch.OWN_ENV or e.name.startswith(ch.OWN_ENV_PREFIXES):
+            errs.append(FieldError(f"spec.pod.env[{i}].name", f"{e.name} is set by the operator or reserved "
+                                   f"(names starting {', '.join(ch.OWN_ENV_PREFIXES)}); use spec.hub for HF_*"))
+        if (e.value is None) == (e.value_from is None):
+            errs.append(FieldError(f"spec.pod.env[{i}]", "set exactly one of value and valueFrom"))
+    volumes: set[str] = set()
+    for i, v in enumerate(o.volumes or []):
+        n = str(v.get("name", ""))
+        if not n:
+            errs.append(FieldError(f"spec.pod.volumes[{i}].name", "required"))
+        elif n in ch.OWN_VOLUMES or n.startswith("model-"):
+            errs.append(FieldError(f"spec.pod.volumes[{i}].name", f"{n} is a volume of the operator's"))
+        elif n in volumes:
+            errs.append(FieldError(f"spec.pod.volumes[{i}].name", f"duplicate volume {n}"))
+        volumes.add(n)
+    for i, m in enumerate(o.volume_mounts or []):
+        if m.name not in volumes:
+            errs.append(FieldError(f"spec.pod.volumeMounts[{i}].name", f"no volume {m.name} in spec.pod.volumes"))
+        path = m.mount_path.rstrip("/") or "/"
+        for own in ch.OWN_MOUNT_DIRS:
+            if path == own or path.startswith(own + "/") or own.startswith(path.rstrip("/") + "/") or path == "/":
+                errs.append(FieldError(f"spec.pod.volumeMounts[{i}].mountPath",
+                                       f"{m.mount_path} overlaps {own}, which the operator mounts"))
+                break
+    for i, t in enumerate(o.tolerations or []):
+        if t.operator == "Exists" and t.value:
+            errs.append(FieldError(f"spec.pod.tolerations[{i}].value", "must be empty when operator is Exists"))
     return errs
 
 
