@@ -8,18 +8,10 @@ workers that cannot do it still serves; this condition is where the user reads t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from nightjar_operator.fleet.slo import ConditionVerdict as MemoryEvaluation
 
 CONDITION_TYPE = "ElasticMemory"
 ENABLED = "enabled"
-
-
-@dataclass(frozen=True)
-class MemoryEvaluation:
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str
 
 
 def evaluate_memory(policy: str, offload: dict[str, int]) -> MemoryEvaluation:

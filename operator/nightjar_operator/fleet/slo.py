@@ -19,10 +19,16 @@ CONDITION_TYPE = "SLOMet"
 
 
 @dataclass(frozen=True)
-class SloEvaluation:
+class ConditionVerdict:
+    """What a pure evaluation decides for one status condition."""
+
     status: Literal["True", "False", "Unknown"]
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class SloEvaluation(ConditionVerdict):
     attainment: float | None
     ttft_p95_s: float | None
     tpot_p95_s: float | None
