@@ -260,6 +260,8 @@ def _bad(name: str, **source: Any) -> dict[str, Any]:
     doc = yaml.safe_load(SAMPLE.read_text())
     doc["metadata"]["name"] = name
     doc["spec"]["target"]["source"] = {"image": source}
+    # These pods never serve: small requests keep the one 2-core node free for the real worker.
+    doc["spec"]["resources"] = {"requests": {"cpu": "10m", "memory": "64Mi"}}
     return doc
 
 
@@ -269,36 +271,39 @@ def test_invalid_resources_are_rejected_or_reported(installed, timings):
     p = installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(bad_field), check=False)
     assert p.returncode != 0 and "spec.speculation.maxGamma" in p.stderr, p.stderr
 
-    installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(
-        _bad("no-such-image", reference="ghcr.io/nightjar-dev/no-such-models:1", path=MODEL)))
-    installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(
-        _bad("empty-model", reference="ghcr.io/nightjar-dev/nightjar-models:smollm2-135m", path="no-such-model")))
-    # A Hub model whose token Secret does not exist: the kubelet cannot build the worker's env
-    # (no crash loop), and the operator names the field; an unsupported URI scheme never deploys.
-    hub = _bad("hub-no-token", reference="unused")
-    hub["spec"]["target"]["source"] = {"uri": "hf://HuggingFaceTB/SmolLM2-135M"}
-    hub["spec"]["hub"] = {"tokenSecretRef": {"name": "hf-token-missing"}}
-    scheme = _bad("bad-scheme", reference="unused")
-    scheme["spec"]["target"]["source"] = {"uri": "s3://bucket/smollm2"}
-    for doc in (hub, scheme):
-        installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(doc))
+    drills = ("no-such-image", "empty-model", "hub-no-token", "bad-scheme")
+    try:
+        installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(
+            _bad("no-such-image", reference="ghcr.io/nightjar-dev/no-such-models:1", path=MODEL)))
+        installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(
+            _bad("empty-model", reference="ghcr.io/nightjar-dev/nightjar-models:smollm2-135m", path="no-such-model")))
+        # A Hub model whose token Secret does not exist: the kubelet cannot build the worker's env
+        # (no crash loop), and the operator names the field; an unsupported URI scheme never deploys.
+        hub = _bad("hub-no-token", reference="unused")
+        hub["spec"]["target"]["source"] = {"uri": "hf://HuggingFaceTB/SmolLM2-135M"}
+        hub["spec"]["hub"] = {"tokenSecretRef": {"name": "hf-token-missing"}}
+        scheme = _bad("bad-scheme", reference="unused")
+        scheme["spec"]["target"]["source"] = {"uri": "s3://bucket/smollm2"}
+        for doc in (hub, scheme):
+            installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(doc))
 
-    def degraded(name: str) -> str | None:
-        cond = condition(get(installed, "njd", name), "Degraded")
-        return cond.get("status") == "True" and cond.get("reason") == "PodFailing" and cond["message"]
+        def degraded(name: str) -> str | None:
+            cond = condition(get(installed, "njd", name), "Degraded")
+            return cond.get("status") == "True" and cond.get("reason") == "PodFailing" and cond["message"]
 
-    msg = wait_for(lambda: degraded("no-such-image"), 180, "Degraded for the unknown model image")
-    assert "init container model-target (spec.target.source.image)" in msg and "ImagePull" in msg, msg
-    msg = wait_for(lambda: degraded("empty-model"), 180, "Degraded for the image without the model")
-    assert "(spec.target.source.image)" in msg and "has no /models/no-such-model/config.json" in msg, msg
-    msg = wait_for(lambda: degraded("hub-no-token"), 180, "Degraded for the missing Hub token Secret")
-    assert "container worker (spec.hub.tokenSecretRef): CreateContainerConfigError" in msg, msg
-    assert 'secret "hf-token-missing" not found' in msg, msg
-    ready = wait_for(lambda: condition(get(installed, "njd", "bad-scheme"), "Ready").get("reason") == "InvalidSpec"
-                     and condition(get(installed, "njd", "bad-scheme"), "Ready"), 60, "InvalidSpec for s3://")
-    assert "spec.target.source.uri: scheme s3:// is not supported" in ready["message"], ready
-    for name in ("no-such-image", "empty-model", "hub-no-token", "bad-scheme"):
-        installed.kubectl("delete", "njd", name, "-n", NS, "--wait=true", timeout=120)
+        msg = wait_for(lambda: degraded("no-such-image"), 180, "Degraded for the unknown model image")
+        assert "init container model-target (spec.target.source.image)" in msg and "ImagePull" in msg, msg
+        msg = wait_for(lambda: degraded("empty-model"), 180, "Degraded for the image without the model")
+        assert "(spec.target.source.image)" in msg and "has no /models/no-such-model/config.json" in msg, msg
+        msg = wait_for(lambda: degraded("hub-no-token"), 180, "Degraded for the missing Hub token Secret")
+        assert "container worker (spec.hub.tokenSecretRef): CreateContainerConfigError" in msg, msg
+        assert 'secret "hf-token-missing" not found' in msg, msg
+        ready = wait_for(lambda: condition(get(installed, "njd", "bad-scheme"), "Ready").get("reason") == "InvalidSpec"
+                         and condition(get(installed, "njd", "bad-scheme"), "Ready"), 60, "InvalidSpec for s3://")
+        assert "spec.target.source.uri: scheme s3:// is not supported" in ready["message"], ready
+    finally:  # a failed drill must not leave pods that starve the next tests of the node's CPU
+        for name in drills:
+            installed.kubectl("delete", "njd", name, "-n", NS, "--wait=true", "--ignore-not-found", timeout=120)
     timings.lap("drill: invalid resources reported")
 
 
