@@ -6,6 +6,7 @@ Served by ``nightjar-operator run`` on ``--metrics-port`` (default 8080, 0 = off
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -93,3 +94,36 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:
         return
     start_http_server(port, addr=addr)
     _server_started.add(port)
+
+
+_M: dict[str, Any] = {}
+
+
+def op_metrics() -> dict[str, Any]:
+    """Operator metrics of the fleet loop (default registry, served with the operator's others)."""
+    if not _M:
+        lbl = ["namespace", "deployment"]
+        _M["scrape_failures"] = Counter(
+            "nightjar_operator_scrape_failures_total", "Worker /metrics scrapes that failed", lbl
+        )
+        _M["scrapes"] = Counter("nightjar_operator_scrapes_total", "Worker /metrics scrapes attempted", lbl)
+        _M["pods_scraped"] = Gauge("nightjar_operator_fleet_pods_scraped", "Pods scraped successfully in the last tick", lbl)
+        _M["attainment"] = Gauge(
+            "nightjar_operator_slo_attainment_ratio", "Fraction of the window's requests within the SLO targets", lbl
+        )
+        _M["slo_met"] = Gauge("nightjar_operator_slo_met", "1 when SLOMet is True, 0 when False, -1 when Unknown", lbl)
+        _M["ttft_p95"] = Gauge("nightjar_operator_ttft_p95_seconds", "Fleet TTFT p95 over the SLO window", lbl)
+        _M["tpot_p95"] = Gauge("nightjar_operator_tpot_p95_seconds", "Fleet TPOT p95 over the SLO window", lbl)
+        _M["throughput"] = Gauge(
+            "nightjar_operator_fleet_generation_tokens_per_second", "Fleet generated tokens per second", lbl
+        )
+        _M["priors_pushes"] = Counter(
+            "nightjar_operator_priors_pushes_total", "Priors written into a worker ConfigMap", lbl + ["track"]
+        )
+        _M["rollout_decisions"] = Counter(
+            "nightjar_operator_rollout_decisions_total", "Rollout decisions by action", lbl + ["action"]
+        )
+        _M["candidate_weight"] = Gauge(
+            "nightjar_operator_rollout_candidate_weight_ratio", "Candidate share of the replicas (0..1)", lbl
+        )
+    return _M

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from nightjar_operator import constants as c
 from nightjar_operator.crd.models import NightjarDeploymentSpec
-from nightjar_operator.fleet.rollout import plan
+from nightjar_operator.fleet.rollout import plan, stable_spec
 from nightjar_operator.handlers.fleet import FleetSettings
-from nightjar_operator.handlers.rollout import candidate_children, desired_revision, stable_spec
+from nightjar_operator.handlers.rollout import candidate_children, desired_revision
 from nightjar_operator.reconcile.children import Owner
 
 

@@ -375,7 +375,7 @@ def test_status_scaled_to_zero_and_foreign_fields_kept():
     assert _cond(st, "Ready")["reason"] == "ScaledToZero"
     assert _cond(st, "SLOMet")["reason"] == "Met" and _cond(st, "Custom")["reason"] == "X"
     assert st["fleet"] == {"x": 1}
-    assert [x["type"] for x in st["conditions"]] == ["Ready", "Progressing", "Degraded", "SLOMet", "Custom"]
+    assert [x["type"] for x in st["conditions"]] == ["Ready", "Progressing", "Degraded", "SLOMet", "ElasticMemory", "Custom"]
 
 
 def test_set_condition_transition_rules():

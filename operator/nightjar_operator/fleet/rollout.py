@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nightjar_operator.crd.models import ModelRef, NightjarDeploymentSpec
+
 Phase = Literal["Stable", "Progressing", "RolledBack"]
 
 
@@ -270,3 +272,29 @@ def merge_patch(old: Any, new: Any) -> Any:
         elif old[k] != v:
             out[k] = v
     return out or None
+
+
+# -------------------------------------------------------------------- the spec each Deployment renders
+def pair_of(spec: NightjarDeploymentSpec) -> dict[str, Any]:
+    return {"target": spec.target.wire(), "draft": spec.draft.wire()}
+
+
+def stable_spec(spec: NightjarDeploymentSpec, status: dict[str, Any] | None) -> NightjarDeploymentSpec:
+    """The spec the *stable* Deployment is rendered from: while the spec's model pair differs from the
+    stable revision in ``status.rollout``, keep the stable pair; during a rollout, keep the stable
+    share of the replicas. Without rollout state this is ``spec`` itself."""
+    if spec.rollout.strategy == "Replace":
+        return spec  # no candidate revision: the new pair rolls out in the one Deployment
+    try:
+        st = RolloutState.from_status((status or {}).get("rollout"))
+    except Exception:  # noqa: BLE001 - an unreadable state must not block the reconcile
+        return spec
+    if st is None or st.stable is None:
+        return spec
+    update: dict[str, Any] = {}
+    if st.stable.revision != revision_of(pair_of(spec)) and st.stable.pair.get("target") and st.stable.pair.get("draft"):
+        update["target"] = ModelRef.model_validate(st.stable.pair["target"])
+        update["draft"] = ModelRef.model_validate(st.stable.pair["draft"])
+    if st.phase == "Progressing" and st.candidate is not None:
+        update["replicas"] = split_replicas(spec.replicas, st.weight)[0]
+    return spec.model_copy(update=update) if update else spec

@@ -32,7 +32,6 @@ from typing import Any
 
 import httpx
 import yaml
-from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nightjar_operator import constants as c
@@ -43,6 +42,7 @@ from nightjar_operator.fleet.priors import PriorsConfig, merge_priors, priors_eq
 from nightjar_operator.fleet.promtext import PromParseError, Scrape, parse
 from nightjar_operator.fleet.slo import evaluate_slo
 from nightjar_operator.handlers.k8s import Api
+from nightjar_operator.metrics import op_metrics
 from nightjar_operator.reconcile.status import get_condition, now_iso, set_condition
 
 log = logging.getLogger("nightjar.operator.fleet")
@@ -90,39 +90,6 @@ class FleetSettings(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------- metrics
-
-_M: dict[str, Any] = {}
-
-
-def op_metrics() -> dict[str, Any]:
-    """Operator metrics of the fleet loop (default registry, served with the operator's others)."""
-    if not _M:
-        lbl = ["namespace", "deployment"]
-        _M["scrape_failures"] = Counter(
-            "nightjar_operator_scrape_failures_total", "Worker /metrics scrapes that failed", lbl
-        )
-        _M["scrapes"] = Counter("nightjar_operator_scrapes_total", "Worker /metrics scrapes attempted", lbl)
-        _M["pods_scraped"] = Gauge("nightjar_operator_fleet_pods_scraped", "Pods scraped successfully in the last tick", lbl)
-        _M["attainment"] = Gauge(
-            "nightjar_operator_slo_attainment_ratio", "Fraction of the window's requests within the SLO targets", lbl
-        )
-        _M["slo_met"] = Gauge("nightjar_operator_slo_met", "1 when SLOMet is True, 0 when False, -1 when Unknown", lbl)
-        _M["ttft_p95"] = Gauge("nightjar_operator_ttft_p95_seconds", "Fleet TTFT p95 over the SLO window", lbl)
-        _M["tpot_p95"] = Gauge("nightjar_operator_tpot_p95_seconds", "Fleet TPOT p95 over the SLO window", lbl)
-        _M["throughput"] = Gauge(
-            "nightjar_operator_fleet_generation_tokens_per_second", "Fleet generated tokens per second", lbl
-        )
-        _M["priors_pushes"] = Counter(
-            "nightjar_operator_priors_pushes_total", "Priors written into a worker ConfigMap", lbl + ["track"]
-        )
-        _M["rollout_decisions"] = Counter(
-            "nightjar_operator_rollout_decisions_total", "Rollout decisions by action", lbl + ["action"]
-        )
-        _M["candidate_weight"] = Gauge(
-            "nightjar_operator_rollout_candidate_weight_ratio", "Candidate share of the replicas (0..1)", lbl
-        )
-    return _M
-
 
 # ---------------------------------------------------------------------------------------- scraping
 

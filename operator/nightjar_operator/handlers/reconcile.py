@@ -21,8 +21,8 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from nightjar_operator import constants as c
+from nightjar_operator.fleet.rollout import stable_spec
 from nightjar_operator.handlers.k8s import Api, api_error_reason, namespace_terminating
-from nightjar_operator.handlers.rollout import stable_spec
 from nightjar_operator.metrics import metrics
 from nightjar_operator.reconcile.children import Owner, desired_children, override_field
 from nightjar_operator.reconcile.config import live_priors

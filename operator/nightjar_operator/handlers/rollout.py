@@ -23,7 +23,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from nightjar_operator import constants as c
-from nightjar_operator.crd.models import ModelRef, NightjarDeploymentSpec
+from nightjar_operator.crd.models import NightjarDeploymentSpec
 from nightjar_operator.fleet.aggregate import PodMetrics, aggregate, window
 from nightjar_operator.fleet.rollout import (
     Analysis,
@@ -32,14 +32,15 @@ from nightjar_operator.fleet.rollout import (
     Revision,
     RolloutState,
     merge_patch,
+    pair_of,
     per_pod,
     plan,
     restart_window,
     revision_of,
-    split_replicas,
 )
 from nightjar_operator.fleet.slo import evaluate_slo
 from nightjar_operator.handlers.k8s import Api
+from nightjar_operator.metrics import op_metrics
 from nightjar_operator.reconcile.children import (
     Owner,
     desired_config_map,
@@ -67,34 +68,9 @@ def candidate_config_name(name: str) -> str:
 # --------------------------------------------------------------------------------- pure helpers
 
 
-def pair_of(spec: NightjarDeploymentSpec) -> dict[str, Any]:
-    return {"target": spec.target.wire(), "draft": spec.draft.wire()}
-
-
 def desired_revision(spec: NightjarDeploymentSpec) -> Revision:
     pair = pair_of(spec)
     return Revision(revision=revision_of(pair), pair=pair, label=f"{spec.target.name}/{spec.draft.name}")
-
-
-def stable_spec(spec: NightjarDeploymentSpec, status: dict[str, Any] | None) -> NightjarDeploymentSpec:
-    """The spec the *stable* Deployment is rendered from: while the spec's model pair differs from the
-    stable revision in ``status.rollout``, keep the stable pair; during a rollout, keep the stable
-    share of the replicas. Without rollout state this is ``spec`` itself."""
-    if spec.rollout.strategy == "Replace":
-        return spec  # no candidate revision: the new pair rolls out in the one Deployment
-    try:
-        st = RolloutState.from_status((status or {}).get("rollout"))
-    except Exception:  # noqa: BLE001 - an unreadable state must not block the reconcile
-        return spec
-    if st is None or st.stable is None:
-        return spec
-    update: dict[str, Any] = {}
-    if st.stable.revision != revision_of(pair_of(spec)) and st.stable.pair.get("target") and st.stable.pair.get("draft"):
-        update["target"] = ModelRef.model_validate(st.stable.pair["target"])
-        update["draft"] = ModelRef.model_validate(st.stable.pair["draft"])
-    if st.phase == "Progressing" and st.candidate is not None:
-        update["replicas"] = split_replicas(spec.replicas, st.weight)[0]
-    return spec.model_copy(update=update) if update else spec
 
 
 def _retrack(obj: dict[str, Any], name: str) -> dict[str, Any]:
@@ -249,8 +225,6 @@ def _window_key(s: RolloutState) -> tuple | None:
 def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: dict[str, PodMetrics],
          targets: dict[str, Any], fm: Any, now: float, logger: Any = None) -> Plan:
     """One rollout round (see the module docstring). ``targets``: pod uid -> PodTarget (track)."""
-    from nightjar_operator.handlers.fleet import op_metrics
-
     # The module logger, not kopf's per-object one: kopf would also post every line as an Event,
     # duplicating the explicit ones below.
     logger = log

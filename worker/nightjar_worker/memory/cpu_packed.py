@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .fileio import pread_into
+
 log = logging.getLogger("nightjar.memory")
 
 _tls = threading.local()
@@ -47,11 +49,9 @@ class PackedInfo:
         return n * torch.empty(0, dtype=self.dtype).element_size()
 
     def load(self) -> torch.Tensor:
-        from .weight_mover import _pread_into
-
         assert self.path is not None
         t = torch.empty(self.shape, dtype=self.dtype)
-        _pread_into(self.path, self.offset, t.view(-1).view(torch.uint8))  # no mapping: no RSS spike
+        pread_into(self.path, self.offset, t.view(-1).view(torch.uint8))  # no mapping: no RSS spike
         return t
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .fault import FaultInjector
+from .fileio import pread_into, pwrite
 
 log = logging.getLogger("nightjar.memory")
 CANCELLED = "cancelled"
@@ -111,24 +112,6 @@ class MoveTask:
         return self.done
 
 
-def _pwrite(path: str, offset: int, src: torch.Tensor) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        f.write(memoryview(src.numpy()))
-
-
-def _pread_into(path: str, offset: int, dst: torch.Tensor) -> None:
-    view = memoryview(dst.numpy())
-    with open(path, "rb") as f:
-        f.seek(offset)
-        got = 0
-        while got < len(view):
-            n = f.readinto(view[got:])
-            if not n:
-                raise OSError(f"draft host store {path}: short read at {offset + got}")
-            got += n
-
-
 class HostStore:
     """Where offloaded bytes live: ``write``/``read_into`` move a flat uint8 tensor at an offset.
 
@@ -158,14 +141,14 @@ class HostStore:
             self._buf[offset : offset + src.numel()].copy_(src, non_blocking=True)
         else:
             assert self._path is not None
-            _pwrite(self._path, offset, src)
+            pwrite(self._path, offset, src)
 
     def read_into(self, offset: int, dst: torch.Tensor) -> None:
         if self._buf is not None:
             dst.copy_(self._buf[offset : offset + dst.numel()], non_blocking=True)
         else:
             assert self._path is not None
-            _pread_into(self._path, offset, dst)
+            pread_into(self._path, offset, dst)
 
     def close(self) -> None:
         self._buf = None
