@@ -54,6 +54,10 @@ def config_map_name(name: str) -> str:
     return f"{name}-config"
 
 
+def pdb_name(name: str) -> str:
+    return name
+
+
 def deployment_name(name: str) -> str:
     return name
 

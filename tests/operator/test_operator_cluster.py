@@ -348,6 +348,34 @@ def test_pod_overrides_reach_the_pods_and_a_refused_one_names_its_field(cl: Clus
     assert_clean(runner.output)
 
 
+def test_disruption_budget_follows_the_replicas(cl: Cluster):
+    """A PodDisruptionBudget over the pool while replicas > 1 (in the policy version the apiserver
+    serves); gone at one replica or when turned off; a foreign one of the same name is left alone."""
+    name = "pdb"
+
+    def pdb() -> dict[str, Any] | None:
+        return cl.api.get("PodDisruptionBudget", cl.ns, name)
+
+    with KopfRunner(RUN_ARGS, timeout=60) as runner:
+        cl.apply(cr(name, replicas=3, disruptionBudget={"maxUnavailable": "34%"}))
+        cl.wait_ready(name, replicas=3)
+        budget = wait_for(pdb, 30, "the PodDisruptionBudget")
+        assert budget["apiVersion"] == cl.api.pdb_api_version()
+        assert budget["spec"]["maxUnavailable"] == "34%"
+        assert budget["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "nightjar-worker",
+                                                             "nightjar.dev/deployment": name}
+        # The disruption controller counts the pool's pods against it.
+        wait_for(lambda: ((pdb() or {}).get("status") or {}).get("expectedPods") == 3, 60, "expectedPods 3")
+        cl.k8s.kubectl("scale", "njd", name, "-n", cl.ns, "--replicas=1")
+        cl.wait_ready(name, replicas=1)
+        wait_for(lambda: pdb() is None, 30, "the budget removed at one replica")
+        cl.patch(name, {"replicas": 2, "disruptionBudget": {"enabled": False}})
+        cl.wait_ready(name, replicas=2)
+        assert pdb() is None
+        delete_and_wait(cl, name)
+    assert_clean(runner.output)
+
+
 def _count_children(cl: Cluster, name: str) -> dict[str, int]:
     sel = f"nightjar.dev/deployment={name}"
     return {kind: len(cl.listing(kind, sel)) for kind in ("Deployment", "Service", "ConfigMap", "ReplicaSet")}

@@ -111,3 +111,17 @@ def test_overrides_that_would_shadow_the_operator_are_refused(raw_spec, pod, fie
 def test_schema_level_override_errors(raw_spec, pod, field):
     spec, errs = parse_spec({**raw_spec, "pod": pod})
     assert spec is None and any(str(e).replace("[", ".").replace("]", "").startswith(field) for e in errs), errs
+
+
+def test_disruption_budget_on_by_default_above_one_replica(raw_spec):
+    from nightjar_operator.reconcile.children import desired_children, desired_pdb
+
+    spec, _ = _spec(raw_spec, replicas=2)
+    pdb = desired_pdb(OWNER, spec, "policy/v1beta1")
+    assert pdb["apiVersion"] == "policy/v1beta1" and pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert [o["kind"] for o in desired_children(OWNER, spec)][-1] == "PodDisruptionBudget"
+    assert desired_pdb(OWNER, _spec(raw_spec, replicas=1)[0]) is None
+    assert desired_pdb(OWNER, _spec(raw_spec, replicas=1, disruptionBudget={"enabled": True})[0]) is not None
+    assert desired_pdb(OWNER, _spec(raw_spec, replicas=5, disruptionBudget={"enabled": False})[0]) is None
+    assert parse_spec({**raw_spec, "disruptionBudget": {"maxUnavailable": "lots"}})[0] is None

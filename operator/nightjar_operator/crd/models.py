@@ -288,6 +288,23 @@ class DrainSpec(_Model):
     preStopDelaySeconds + drainSeconds + 15."""
 
 
+class DisruptionBudgetSpec(_Model):
+    """A PodDisruptionBudget over the worker pods (voluntary evictions: node drains, upgrades)."""
+
+    enabled: bool | None = None
+    """Default: on when replicas > 1 (with one replica a budget would block every node drain)."""
+    max_unavailable: int | str = Field(1, json_schema_extra={"x-kubernetes-int-or-string": True,
+                                                              "pattern": r"^([0-9]+|[0-9]+%)$"})
+    """Pods that may be evicted at once: a count or a percentage (e.g. 25%)."""
+
+    @field_validator("max_unavailable")
+    @classmethod
+    def _mu(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0 or isinstance(v, str) and not re.match(r"^([0-9]+|[0-9]+%)$", v):
+            raise ValueError(f"maxUnavailable: expected a count >= 0 or a percentage (got {v!r})")
+        return v
+
+
 class SloSpec(_Model):
     """Latency objectives; the planner respects tpotP95Ms, the fleet loop reports attainment (SLOMet)."""
 
@@ -364,6 +381,8 @@ class NightjarDeploymentSpec(_Model):
     """Deprecated: use pod.annotations (both are applied; pod.annotations wins)."""
     pod: PodSpecOverrides = Field(default_factory=PodSpecOverrides, json_schema_extra={"default": {}})
     drain: DrainSpec = Field(default_factory=DrainSpec, json_schema_extra={"default": {}})
+    disruption_budget: DisruptionBudgetSpec = Field(default_factory=DisruptionBudgetSpec,
+                                                    json_schema_extra={"default": {}})
     """Worker pod overrides: scheduling, identity, extra env, volumes, labels, annotations."""
     hub: HubSpec = Field(default_factory=HubSpec, json_schema_extra={"default": {}})
     model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec, json_schema_extra={"default": {}})

@@ -22,6 +22,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Service": ("/api/v1", "services"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),  # policy/v1beta1 before 1.21
     c.KIND: (f"/apis/{c.GROUP}/{c.VERSION}", c.PLURAL),
 }
 
@@ -40,6 +41,7 @@ class Api:
     def __init__(self, client: kubernetes.client.ApiClient, timeout_s: float = 30.0) -> None:
         self.client = client
         self.timeout_s = timeout_s
+        self._pdb_version: str | None = None
 
     def request(
         self,
@@ -66,9 +68,22 @@ class Api:
             raise ApiException(status=resp.status, reason=resp.reason, body=raw.decode("utf-8", "replace"))
         return json.loads(raw) if raw else {}
 
-    @staticmethod
-    def path(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+    def pdb_api_version(self) -> str:
+        """policy/v1 where the cluster serves it (1.21+), else policy/v1beta1; asked once."""
+        if self._pdb_version is None:
+            try:
+                self.request("GET", "/apis/policy/v1")
+                self._pdb_version = "policy/v1"
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                self._pdb_version = "policy/v1beta1"
+        return self._pdb_version
+
+    def path(self, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
         prefix, plural = KINDS[kind]
+        if kind == "PodDisruptionBudget":
+            prefix = f"/apis/{self.pdb_api_version()}"
         p = f"{prefix}/namespaces/{namespace}/{plural}"
         if name:
             p += f"/{name}"

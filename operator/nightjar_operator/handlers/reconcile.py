@@ -139,6 +139,24 @@ def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None,
     return updated
 
 
+def _delete_unwanted(api: Api, live: dict[str, Any], wanted: set[str], owner: Owner) -> None:
+    """Optional children (the PodDisruptionBudget) that the spec no longer asks for go away; only
+    ours (controller ownerReference), never an object someone else made with the same name."""
+    for kind, obj in live.items():
+        if kind in wanted or obj is None:
+            continue
+        if not any(r.get("uid") == owner.uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or []):
+            continue
+        try:
+            api.request("DELETE", api.path(kind, owner.namespace, obj["metadata"]["name"]))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        metrics().child_writes.labels(kind, "delete").inc()
+        log.info("deleted %s %s/%s (no longer wanted)", kind, owner.namespace, obj["metadata"]["name"])
+        live[kind] = None
+
+
 def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | None:
     """Bring the children in line with the spec and write the status. Returns the new status."""
     meta = body["metadata"]
@@ -157,6 +175,7 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
                 "ConfigMap": api.get("ConfigMap", owner.namespace, c.config_map_name(owner.name)),
                 "Deployment": api.get("Deployment", owner.namespace, c.deployment_name(owner.name)),
                 "Service": api.get("Service", owner.namespace, c.service_name(owner.name)),
+                "PodDisruptionBudget": api.get("PodDisruptionBudget", owner.namespace, c.pdb_name(owner.name)),
             }
             observed = Observed()
             if errors:
@@ -169,9 +188,11 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
                 spec = stable_spec(spec, body.get("status"))
                 cm = live["ConfigMap"]
                 priors = live_priors(((cm or {}).get("data") or {}).get(c.CONFIG_KEY)) if cm else None
-                for desired in desired_children(owner, spec, priors):
+                wanted = desired_children(owner, spec, priors, api.pdb_api_version())
+                for desired in wanted:
                     kind = desired["kind"]
                     live[kind] = _apply_child(api, desired, live[kind], owner, body, observed)
+                _delete_unwanted(api, live, {d["kind"] for d in wanted}, owner)
                 result = "conflict" if observed.conflicts else "ok"
             dep = live["Deployment"]
             observed.deployment = dep if dep is not None and any(

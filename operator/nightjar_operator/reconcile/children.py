@@ -438,6 +438,24 @@ def desired_config_map(owner: Owner, spec: NightjarDeploymentSpec, priors: Any =
     return _with_hash(obj, basis)
 
 
-def desired_children(owner: Owner, spec: NightjarDeploymentSpec, priors: Any = None) -> list[dict[str, Any]]:
+def desired_pdb(owner: Owner, spec: NightjarDeploymentSpec, api_version: str = "policy/v1") -> dict[str, Any] | None:
+    """The pool's PodDisruptionBudget, or None when there should be none (see DisruptionBudgetSpec)."""
+    db = spec.disruption_budget
+    if not (db.enabled if db.enabled is not None else spec.replicas > 1):
+        return None
+    obj = {
+        "apiVersion": api_version,
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, c.pdb_name(owner.name)),
+        # Every worker of the pool, stable and candidate: a drain must not take more of them at once.
+        "spec": {"maxUnavailable": db.max_unavailable, "selector": {"matchLabels": service_selector(owner.name)}},
+    }
+    return _with_hash(obj)
+
+
+def desired_children(owner: Owner, spec: NightjarDeploymentSpec, priors: Any = None,
+                     pdb_api_version: str = "policy/v1") -> list[dict[str, Any]]:
     """In apply order: the ConfigMap first so a new pod never waits on a missing volume."""
-    return [desired_config_map(owner, spec, priors), desired_deployment(owner, spec), desired_service(owner, spec)]
+    out = [desired_config_map(owner, spec, priors), desired_deployment(owner, spec), desired_service(owner, spec)]
+    pdb = desired_pdb(owner, spec, pdb_api_version)
+    return out + ([pdb] if pdb is not None else [])
