@@ -151,6 +151,11 @@ def test_monitoring_objects_gated_on_api(helm):
     off = render(helm, sets=["metrics.podMonitor.enabled=false", "metrics.prometheusRule.enabled=false"],
                  api_versions=[MONITORING])
     assert "PodMonitor" not in off.kinds() and "PrometheusRule" not in off.kinds() and "ServiceMonitor" in off.kinds()
+    # One setting labels all three for kube-prometheus-stack's selectors; per-object labels add to it.
+    kps = render(helm, sets=["metrics.labels.release=kps", "metrics.podMonitor.labels.extra=yes"], api_versions=[MONITORING])
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+        assert kps.one(kind)["metadata"]["labels"]["release"] == "kps", kind
+    assert kps.one("PodMonitor")["metadata"]["labels"]["extra"] == "yes"
 
 
 def test_dashboard_configmaps(helm):
@@ -213,7 +218,7 @@ def test_chart_readme_up_to_date():
     p = subprocess.run([sys.executable, str(ROOT / "scripts/chart/readme.py"), "--check"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     readme = (ROOT / "charts/nightjar/README.md").read_text()
-    assert "| metrics.serviceMonitor.labels | object | `{}` | Extra labels" in readme
+    assert "| metrics.labels | object | `{}` | Labels on every ServiceMonitor" in readme
 
 
 def test_manifests_match_chart(helm, tmp_path):
