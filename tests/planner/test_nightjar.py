@@ -173,7 +173,7 @@ def test_snapshot_is_valid_priors_and_feeds_back():
 def test_apply_config_rejects_arm_change_and_updates_knobs():
     pol = NightjarPolicy(PlannerConfig())
     pol.apply_config(PlannerConfig(explore_scale=0.5, slo_tpot_s=0.05))
-    assert pol._slo == 0.05
+    assert pol.slo_tpot_s == 0.05
     try:
         pol.apply_config(PlannerConfig(max_gamma=2))
     except ValueError as e:
@@ -221,7 +221,7 @@ def test_the_draft_own_prefill_is_charged_per_generated_token():
     assert loss[0] == pytest.approx(0.5, rel=1e-6)
     assert loss[3] == pytest.approx(0.8 / 3, rel=0.02)  # decode only: what a prior carries
     rho = (40 * 50 + 41 * 50) / (40 * 1 + 41 * 3)  # prompt tokens per generated token, both states
-    means, _ = pol._estimates(0)
+    means, _ = pol.estimator.estimates(0)
     assert means[pol.arms.index(3)] == pytest.approx(0.8 / 3 + 0.01 * rho, rel=0.05)
     assert means[pol.arms.index(0)] == pytest.approx(0.5, rel=1e-6)
 
@@ -244,7 +244,7 @@ def test_the_draft_prefill_learnt_where_prompts_land_is_charged_at_every_batch(a
         for k in range(41):
             pol.observe(StepFeedback(batch_size=1, gamma=g, step_time_s=t, tokens_emitted=int(tokens + k % 2 * 0.5),
                                      num_draft_tokens=g, num_accepted_tokens=k % 2))
-    means, _ = pol._estimates(0)
+    means, _ = pol.estimator.estimates(0)
     off, on = means[pol.arms.index(0)], means[pol.arms.index(2)]
     assert off == pytest.approx(0.5, rel=1e-6)
     if amortise:
@@ -277,12 +277,13 @@ def test_a_turn_off_waits_for_the_step_whose_prompts_it_would_prefill(step_price
     # sawtooth's rise). At the mean price the step's prompts make no difference.
     pol = NightjarPolicy(PlannerConfig(step_prefill_price=step_price))
     _batch8_with_prompts(pol, on_step_s=0.9)
-    c = pol._lut[8]
-    means, _ = pol._estimates(c)
+    c = pol.bucket(8)
+    means, _ = pol.estimator.estimates(c)
     assert means[pol.arms.index(1)] > means[pol.arms.index(0)] == pytest.approx(0.1)
     chosen = {}
     for prompt_tokens in (0, 400):
-        pol._last_gamma, pol._arm[c], pol._bin_left[c] = 1, pol.arms.index(0), 5  # on; the bin holds gamma 0
+        pol.current_gamma = 1  # on; the bin holds gamma 0
+        pol.schedules[c].hold(pol.arms.index(0), 5)
         chosen[prompt_tokens] = pol.decide(8, prompt_tokens)
     assert chosen == ({0: 1, 400: 0} if step_price else {0: 0, 400: 0})
 
@@ -296,13 +297,14 @@ def test_a_tie_held_on_is_decided_at_the_steps_price_and_a_clear_preference_is_k
     # catch-up of the same prompts): it stays on.
     pol = NightjarPolicy(PlannerConfig())
     _batch8_with_prompts(pol, on_step_s)
-    c, i1 = pol._lut[8], pol.arms.index(1)
-    means, _ = pol._estimates(c)
+    c, i1 = pol.bucket(8), pol.arms.index(1)
+    means, _ = pol.estimator.estimates(c)
     tie = means[0] <= means[i1] * 1.02
     assert tie == off_at_wave
     chosen = {}
     for prompt_tokens in (0, 400):
-        pol._last_gamma, pol._arm[c], pol._bin_left[c], pol._exploring[c] = 1, i1, 5, False
+        pol.current_gamma = 1
+        pol.schedules[c].hold(i1, 5, exploring=False)
         chosen[prompt_tokens] = pol.decide(8, prompt_tokens)
     assert chosen == {0: 1, 400: 0 if off_at_wave else 1}
 
@@ -335,10 +337,10 @@ def test_the_draft_prefill_is_priced_before_both_states_have_seen_prompts(source
             p = 800 if k % 3 == 0 else 0
             pol.observe(StepFeedback(batch_size=8, gamma=0, step_time_s=0.8 + 0.018 * p, tokens_emitted=8,
                                      prefill_tokens=p))
-    rho = pol._rho[0] / pol._rho[1]
+    rho = pol.prefill.prompt_per_generated()
     want = {"none": 0.0, "prior": 0.01, "catch-up": 0.01, "own": 0.012}[source]
     assert pol.draft_prefill_per_token() == pytest.approx(want * rho, rel=0.02)
-    means, _ = pol._estimates(pol._lut[8])
+    means, _ = pol.estimator.estimates(pol.bucket(8))
     off, on = means[pol.arms.index(0)], means[pol.arms.index(1)]
     assert off == pytest.approx(0.1, rel=0.02)  # per token (batch 8 is a bucket's lower edge)
     if source == "none":  # each prompt step's target share taken out, the draft's unpriced
@@ -367,7 +369,7 @@ def test_engine_reported_draft_lag_drives_the_switch_cost_prediction():
             lag = 300 + k % 32 if k % 32 else 0  # a new request prefills its 300-token prompt
             pol.observe(StepFeedback(batch_size=1, gamma=0, step_time_s=0.5, tokens_emitted=1,
                                      prefill_tokens=0 if k % 32 else 300, draft_lag_tokens=lag if report else None))
-        return pol._predict_switch(pol._off_tokens, 0)
+        return pol.switch.now(0)
 
     assert run(True) == pytest.approx(0.1 + 0.0075 * (300 + 599 % 32 + 1), rel=0.02)
     assert run(False) > 3 * run(True)
@@ -389,12 +391,12 @@ def test_fill_excess_is_learnt_per_bucket_not_as_a_catch_up_rate():
             for _ in range(5):
                 pol.observe(StepFeedback(batch_size=b, gamma=1, step_time_s=0.5 + 0.04 * b, tokens_emitted=2 * b,
                                          num_draft_tokens=b, num_accepted_tokens=b))
-    c1, c16 = pol._lut[1], pol._lut[16]
-    assert pol._fill_cost[c1] == pytest.approx(0.05, rel=0.05)
-    assert pol._fill_cost[c16] == pytest.approx(0.8, rel=0.05)
+    c1, c16 = pol.bucket(1), pol.bucket(16)
+    assert pol.switch.fill[c1] == pytest.approx(0.05, rel=0.05)
+    assert pol.switch.fill[c16] == pytest.approx(0.8, rel=0.05)
     # catch-up after 1000 missed tokens: 0.1 + 5 s, plus the bucket's fill
-    assert pol._predict_switch(1000, c16) == pytest.approx(0.1 + 5.0 + 0.8, rel=0.05)
-    assert pol._predict_switch(1000, c1) == pytest.approx(0.1 + 5.0 + 0.05, rel=0.05)
+    assert pol.switch.predict(1000, c16) == pytest.approx(0.1 + 5.0 + 0.8, rel=0.05)
+    assert pol.switch.predict(1000, c1) == pytest.approx(0.1 + 5.0 + 0.05, rel=0.05)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -532,7 +534,7 @@ def test_noise_estimate_is_that_of_the_per_token_mean():
                                  num_accepted_tokens=tokens - 4))
     r = sum(t for t, _ in steps) / sum(b for _, b in steps)
     cv = (len(steps) * sum((t - r * b) ** 2 for t, b in steps)) ** 0.5 / sum(t for t, _ in steps)
-    assert pol._cvs(pol._lut[4])[pol._arm_idx[2]] == pytest.approx(cv, rel=0.05)
+    assert pol.buckets[pol.bucket(4)].cvs()[pol.arms.index(2)] == pytest.approx(cv, rel=0.05)
 
 
 def test_prior_pseudo_counts_are_capped():

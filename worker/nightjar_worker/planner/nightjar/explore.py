@@ -1,0 +1,122 @@
+"""What an exploration bin plays: the paper's uniform draw, or Nightjar's pruned, optimistic pick.
+
+``PrunedExplorer`` (beyond the paper):
+  * ``monotone``: the best gamma does not grow with batch size, so exploration in a bucket is
+    confined between the best arms of established neighbours on either side;
+  * ``eliminate``: only arms whose confidence interval still overlaps the best arm's (successive
+    elimination inside the paper's schedule), least-tried first; a barely known arm stays in unless
+    flipping speculation alone costs more than half of what the best arm loses;
+  * arms the bucket has not tried itself come first (neighbour evidence is only a guess), then the
+    lowest lower confidence bound;
+  * doubling: an arm with n observations is held at most n + 1 steps, so a barely known (possibly
+    bad) arm never gets a whole long bin.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from nightjar_worker.planner.nightjar.cells import Bucket
+from nightjar_worker.planner.nightjar.flips import FlipPricer
+from nightjar_worker.planner.nightjar.schedule import Schedule
+
+_ESTABLISHED = 32.0  # effective observations before a bucket's best arm constrains its neighbours
+MIN_ELIMINATE = 4.0  # an arm is never ruled out on fewer (effective) observations
+
+
+@dataclass
+class Candidates:
+    """One bucket's arms at a new bin: candidates (SLO- and gate-feasible), means, effective
+    counts, means with the switching penalty (``eff``), and the exploit arm (-1 if none)."""
+
+    c: int
+    cand: list[int]
+    means: list[float | None]
+    counts: list[float]
+    eff: list[float | None]
+    best: int
+
+
+class UniformExplorer:
+    """The paper's: a uniformly drawn candidate, held for the whole bin."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def choose(self, k: Candidates, on_now: bool, slo: float | None) -> int | None:
+        return self.rng.choice(k.cand) if k.cand else None
+
+    def hold(self, k: Candidates, choice: int, left: int, raising: bool) -> int:
+        return left
+
+
+@dataclass
+class PrunedExplorer:
+    rng: random.Random
+    arms: tuple[int, ...]
+    buckets: list[Bucket]
+    schedules: list[Schedule]
+    flips: FlipPricer
+    z: float = 2.0
+    monotone: bool = True
+    eliminate: bool = True
+
+    def choose(self, k: Candidates, on_now: bool, slo: float | None) -> int | None:
+        """The arm to explore, or None when nothing is worth it."""
+        pool = self._pool(k, on_now, slo)
+        return self._pick(k, pool) if pool else None
+
+    def hold(self, k: Candidates, choice: int, left: int, raising: bool) -> int:
+        """Steps to hold ``choice`` after this one: at most its count (raising gamma one more: the
+        pipeline-fill step is not observed)."""
+        hold = min(left, int(k.counts[choice]))
+        return max(hold, 1) if raising else hold
+
+    def _pool(self, k: Candidates, on_now: bool, slo: float | None) -> list[int]:
+        c, best, eff, counts = k.c, k.best, k.eff, k.counts
+        pool = list(k.cand)
+        if self.monotone and slo is None:
+            hi = self._neighbour_best(c, -1)  # best gamma of a smaller-batch bucket: upper bound
+            lo = self._neighbour_best(c, +1)  # best gamma of a larger-batch bucket: lower bound
+            pruned = [i for i in pool if (hi is None or self.arms[i] <= hi) and (lo is None or self.arms[i] >= lo)]
+            if pruned:
+                pool = pruned
+        if self.eliminate and best >= 0:
+            z = self.z
+            cv = self.buckets[c].cvs()
+            b_ucb = eff[best] * (1.0 + z * cv[best] / math.sqrt(max(counts[best], 1e-9)))  # type: ignore[operator]
+            pen, visit = self.flips.penalty, self.flips.visit
+            pool = [
+                i for i in pool
+                if (
+                    eff[i] * (1.0 - z * cv[i] / math.sqrt(counts[i])) <= b_ucb  # type: ignore[operator]
+                    if eff[i] is not None and counts[i] >= MIN_ELIMINATE
+                    else pen(c, i, on_now, visit(int(counts[i]) + 1), int(counts[i]) + 1) <= 0.5 * b_ucb
+                )
+            ]
+            if pool == [best]:
+                return []
+        return pool
+
+    def _pick(self, k: Candidates, pool: list[int]) -> int:
+        others = [i for i in pool if i != k.best] or pool
+        bk = self.buckets[k.c]
+        inv = 1.0 / bk.w
+        untried = [i for i in others if bk.cells[i].raw == 0 and bk.cells[i].pn * inv < 1.0]
+        if untried:
+            return untried[0] if len(untried) == 1 else self.rng.choice(untried)
+        z, cv, eff, counts = self.z, bk.cvs(), k.eff, k.counts
+        return min(
+            others,
+            key=lambda i: -math.inf if eff[i] is None else eff[i] * (1.0 - z * cv[i] / math.sqrt(counts[i])),  # type: ignore[operator]
+        )
+
+    def _neighbour_best(self, c: int, step: int) -> int | None:
+        d = c + step
+        while 0 <= d < len(self.buckets):
+            if self.buckets[d].total() >= _ESTABLISHED and self.schedules[d].best >= 0:  # priors are evidence too
+                return self.arms[self.schedules[d].best]
+            d += step
+        return None

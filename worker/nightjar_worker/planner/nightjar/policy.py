@@ -1,0 +1,377 @@
+"""Nightjar's planner: the composition of the estimators in this package. See the package docstring."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from nightjar_worker.planner.config import PlannerConfig, PlannerPriors, PriorEntry, bucket_index
+from nightjar_worker.planner.nightjar import priors as prior_rules
+from nightjar_worker.planner.nightjar.cells import Bucket
+from nightjar_worker.planner.nightjar.estimates import Estimator
+from nightjar_worker.planner.nightjar.excursions import Excursions
+from nightjar_worker.planner.nightjar.explore import (
+    MIN_ELIMINATE,
+    Candidates,
+    PrunedExplorer,
+    UniformExplorer,
+)
+from nightjar_worker.planner.nightjar.flips import FlipPricer
+from nightjar_worker.planner.nightjar.gate import AcceptanceGate
+from nightjar_worker.planner.nightjar.prefill import PrefillCost
+from nightjar_worker.planner.nightjar.schedule import Schedule
+from nightjar_worker.planner.nightjar.switching import Dwell, PaperSwitchCost, SwitchCost
+from nightjar_worker.planner.policy import StepFeedback
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """What separates the paper's algorithm from Nightjar's, fixed when the policy is built
+    (``paper_mode`` is a rebuild field). The extensions that are run-time knobs are turned off
+    for the paper in ``_PAPER_OFF``."""
+
+    switch_cost: type[SwitchCost]  # learnt apart from the losses, or folded into the switching step
+    pruned_exploration: bool  # PrunedExplorer, or the paper's uniform draw
+    ratio_of_sums: bool  # loss per token as total time / total tokens, or the mean of per-step ratios
+    detect_fill: bool  # a step raising gamma is a pipeline fill (its excess belongs to the switch)
+    guard_flips: bool  # a held arm that would flip speculation must still win with C_switch charged
+    warm_schedule: bool  # priors move a bucket's exploration schedule on
+
+
+NIGHTJAR = Scheme(SwitchCost, True, True, True, True, True)
+PAPER = Scheme(PaperSwitchCost, False, False, False, False, False)
+_PAPER_OFF = {"share_neighbours": False, "eliminate": False, "monotone_prior": False, "hysteresis": 0.0,
+              "normalise_batch": False, "growing_window": False, "prefill_correction": False,
+              "min_acceptance": 0.0}
+
+
+@dataclass
+class NightjarStats:
+    """Plain counters for metrics."""
+
+    decisions: int = 0
+    bins: int = 0
+    explore_bins: int = 0
+    switches_on: int = 0
+    switches_off: int = 0
+    switch_cost_s_ema: float = 0.0
+    priors_dropped: int = 0  # prior entries dropped for contradicting the arm's own evidence
+    prior_rescales: int = 0  # buckets' priors rescaled to the level of this worker's evidence
+
+
+class NightjarPolicy:
+    """Contextual bandit over batch-size buckets (``GammaPolicy`` and ``PlannerView``)."""
+
+    name = "nightjar"
+
+    def __init__(self, config: PlannerConfig) -> None:
+        self.config = config
+        self._arms = config.resolved_arms()
+        self._arm_idx = {g: i for i, g in enumerate(self._arms)}
+        self._edges = config.edges()
+        self._lut = [bucket_index(self._edges, max(b, 1)) for b in range(config.max_batch + 1)]
+        self.scheme = PAPER if config.paper_mode else NIGHTJAR
+        nb, amort = len(self._edges), config.switch_amortise_steps
+        rng = random.Random(config.seed)
+        self.rng = rng
+        self.buckets = [Bucket(lo, len(self._arms)) for lo in self._edges]
+        self.schedules = [Schedule() for _ in self._edges]
+        self.switch = self.scheme.switch_cost(nb)
+        self.prefill = PrefillCost(amortise=True, catchup_rate=self.switch.catchup_rate)
+        self.estimator = Estimator(self.buckets, self._arms, self.prefill)
+        self.dwell = Dwell(float(amort))
+        self.excursions = Excursions(nb, float(amort))
+        self.flips = FlipPricer(self.estimator, self.switch, self.dwell, self.excursions, amort)
+        self.gate = AcceptanceGate(0.0, 1, 1, 2.0)
+        self.explorer: PrunedExplorer | UniformExplorer = (
+            PrunedExplorer(rng, self._arms, self.buckets, self.schedules, self.flips)
+            if self.scheme.pruned_exploration else UniformExplorer(rng)
+        )
+        self.current_gamma = 0  # the last decision: the engine's speculation state
+        self._prev_gamma = 0  # gamma of the last observed step (pipeline fill detection)
+        self.stats = NightjarStats()
+        self._apply_knobs(config)
+
+    # -- configuration ---------------------------------------------------------------------
+    def _apply_knobs(self, config: PlannerConfig) -> None:
+        k = config.model_copy(update=_PAPER_OFF) if config.paper_mode else config
+        self._slo, self._hyst = k.slo_tpot_s, k.hysteresis
+        self._discount, self._grow = k.discount, k.growing_window
+        est = self.estimator
+        est.share, est.share_weight = k.share_neighbours, k.share_weight
+        est.normalise, est.correct_prefill = k.normalise_batch, k.prefill_correction
+        self.prefill.amortise = k.prefill_correction and k.amortise_draft_prefill
+        self._step_price = self.prefill.amortise and k.step_prefill_price
+        self.gate.configure(k.min_acceptance, k.acceptance_gate_tokens, k.acceptance_halflife_steps, k.confidence_z)
+        self.switch.override = k.switch_cost_s
+        self.flips.amortise_steps = k.switch_amortise_steps
+        if isinstance(self.explorer, PrunedExplorer):
+            self.explorer.monotone, self.explorer.eliminate = k.monotone_prior, k.eliminate
+            self.explorer.z = k.confidence_z
+
+    def apply_config(self, config: PlannerConfig) -> None:
+        """Runtime update of the exploration knobs, SLO and switch-cost override (same arms, buckets
+        and scheme: those rebuild the policy)."""
+        if config.resolved_arms() != self._arms or config.edges() != self._edges:
+            raise ValueError("arms/bucket_edges: cannot change at run time; restart the planner")
+        if config.paper_mode != self.config.paper_mode:
+            raise ValueError("paper_mode: a different algorithm; rebuild the policy")
+        self.config = config
+        self._apply_knobs(config)
+
+    def set_slo(self, tpot_s: float | None) -> None:
+        """TPOT target (seconds per output token per request) the chosen arm must meet when it can."""
+        if tpot_s is not None and not tpot_s > 0:
+            raise ValueError(f"slo_tpot_s: must be > 0 (got {tpot_s})")
+        self._slo = tpot_s
+        self._end_bins()
+
+    def set_priors(self, priors: PlannerPriors) -> None:
+        """Replace the priors (see ``priors.py``). Priors are established evidence, not a cold-start
+        transient: only the steady-state ``discount`` erodes them, and a bucket's exploration
+        schedule moves on as if its prior observations had happened."""
+        prior_rules.load(self.buckets, self._edges, self._arm_idx, priors, self.config.prior_max_count)
+        self.prefill.prior_dps = priors.draft_prefill_s_per_token
+        if self.scheme.warm_schedule:
+            for bk, sc in zip(self.buckets, self.schedules, strict=True):
+                if bk.has_prior:
+                    prior_steps = int(sum(x.pn for x in bk.cells) / bk.w)
+                    sc.advance(bk.t + prior_steps - sc.handed_out, self.config.max_block_exp)
+        self._end_bins()
+
+    def _end_bins(self) -> None:
+        for sc in self.schedules:
+            sc.left = 0  # re-decide at the next step
+
+    @property
+    def arms(self) -> tuple[int, ...]:
+        return self._arms
+
+    @property
+    def slo_tpot_s(self) -> float | None:
+        """The TPOT target in force (``set_slo`` or the config's)."""
+        return self._slo
+
+    # -- step contract -----------------------------------------------------------------------
+    def bucket(self, batch_size: int) -> int:
+        lut = self._lut
+        return lut[batch_size] if 0 <= batch_size < len(lut) else lut[-1]
+
+    def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
+        c = self.bucket(batch_size)
+        sc = self.schedules[c]
+        if sc.left > 0:
+            sc.left -= 1
+            a = sc.arm
+        else:
+            a = self._new_bin(c)
+        on_now = self.current_gamma > 0
+        if (self._arms[a] > 0) != on_now and self.scheme.guard_flips:
+            a = self._guard_flip(c, a, prompt_tokens)
+        elif self._arms[a] > 0 and on_now and prompt_tokens > 0 and self._step_price and not sc.exploring:
+            a = self._tie_at_prompt_step(c, a, prompt_tokens)
+        g = self._arms[a]
+        st = self.stats
+        st.decisions += 1
+        flipped = (g > 0) != on_now
+        if flipped:
+            if g > 0:
+                st.switches_on += 1
+            else:
+                st.switches_off += 1
+        self.dwell.step(flipped, on_now)
+        self.current_gamma = g
+        return g
+
+    def observe(self, feedback: StepFeedback) -> None:
+        fb = feedback
+        b = fb.batch_size
+        c = self.bucket(b)
+        self.excursions.step(c)
+        # Pipeline fill: drafts proposed in one step are verified in the next, so a step that raises
+        # gamma verifies only the previous step's drafts (none when the draft was off: one token per
+        # request, plus the drafting). It is not the arm's steady state and is not learnt as such;
+        # when resuming, its cost above a plain step belongs to the switch.
+        fill = fb.gamma > self._prev_gamma and self.scheme.detect_fill
+        excess = None
+        if fill and self._prev_gamma == 0:
+            plain = self.estimator.plain_step_time(c, b, fb.prefill_tokens)
+            excess = None if plain is None else max(0.0, fb.step_time_s - plain)
+        self._prev_gamma = fb.gamma
+        self.switch.observe(fb, c, excess)
+        if self.switch.ema is not None:
+            self.stats.switch_cost_s_ema = self.switch.ema
+        self.gate.observe(fb.num_draft_tokens, fb.num_accepted_tokens)
+        self.prefill.observe_workload(fb.prefill_tokens, fb.tokens_emitted)
+        i = self._arm_idx.get(fb.gamma)
+        if i is None or fill:
+            return
+        bk = self.buckets[c]
+        cell = bk.cells[i]
+        tokens = max(1, fb.tokens_emitted)
+        t, p = fb.step_time_s, fb.prefill_tokens
+        if self.switch.charged_to_step:
+            t += fb.switch_cost_s
+        bk.bmean += 0.05 * (b - bk.bmean)
+        normf = max(1, b) / bk.lo if self.estimator.normalise else 1.0
+        scale = normf / tokens
+        if self.estimator.correct_prefill:
+            self.prefill.regress(cell, p, t, fb.gamma > 0)
+            loss = max(t - self.prefill.slope(fb.gamma > 0) * p, 0.05 * t) * scale
+        else:
+            loss = t * scale
+        cell.observe(bk.w, loss, tokens, t, p, normf, scale, b, self.scheme.ratio_of_sums)
+        bk.discount(self._discount, self._grow)
+
+    # -- a new bin -------------------------------------------------------------------------------
+    def _candidates(self, c: int) -> list[int]:
+        """Arms meeting the TPOT SLO (unknown ones count as feasible; none meets it: the lowest TPOT),
+        without gamma > 0 while the acceptance gate is closed (neither explored nor exploited: a
+        bucket whose only evidence is one lucky step would otherwise keep speculating)."""
+        cells = self.buckets[c].cells
+        cand = list(range(len(self._arms)))
+        if self._slo is not None:
+            known = [(x.tpot / x.n, i) for i, x in enumerate(cells) if x.n > 0]
+            cand = [i for i, x in enumerate(cells) if x.n <= 0 or x.tpot / x.n <= self._slo] or [min(known)[1]]
+        if self.gate.closed():
+            cand = [i for i in cand if self._arms[i] == 0] or cand
+        return cand
+
+    def _new_bin(self, c: int) -> int:
+        sc, bk, cfg = self.schedules[c], self.buckets[c], self.config
+        size = sc.next_bin(cfg.max_block_exp)
+        sc.left = size - 1
+        st = self.stats
+        st.bins += 1
+        sc.exploring = False
+        if bk.has_prior:
+            v = prior_rules.reconcile(bk, self.estimator.corrected(c), bk.cvs, cfg.confidence_z)
+            st.prior_rescales += v.rescaled
+            st.priors_dropped += v.dropped
+        means, counts = self.estimator.estimates(c)
+        self.flips.note_gain(c, means)
+        cand = self._candidates(c)
+        on_now = self.current_gamma > 0
+        eff = [(m + self.flips.penalty(c, i, on_now)) if m is not None else None for i, m in enumerate(means)]
+        known = [i for i in cand if eff[i] is not None]
+        best = -1
+        if known:
+            best = min(known, key=lambda i: eff[i])  # type: ignore[arg-type, return-value]
+            cur = self._arm_idx.get(self.current_gamma)
+            if self._hyst > 0 and cur is not None and cur in known and cur != best:
+                if eff[best] > eff[cur] * (1.0 - self._hyst):  # type: ignore[operator]
+                    best = cur
+            sc.best = best
+        choice = best
+        if best < 0 or self.rng.random() < sc.explore_probability(cfg.explore_scale, cfg.explore_floor):
+            k = Candidates(c, cand, means, counts, eff, best)
+            pick = self.explorer.choose(k, on_now, self._slo)
+            if pick is not None:
+                choice = pick
+                if choice != best:
+                    st.explore_bins += 1
+                    sc.exploring = True
+                    sc.left = self.explorer.hold(k, choice, sc.left, self._arms[choice] > self.current_gamma)
+        if choice < 0:
+            choice = self.rng.choice(cand)
+        sc.arm = choice
+        return choice
+
+    # -- flips at a step ----------------------------------------------------------------------------
+    def _guard_flip(self, c: int, a: int, prompt_tokens: int) -> int:
+        """The held arm would turn speculation on/off (e.g. the batch crossed into a bucket whose bin
+        was decided while the engine was in the other state): keep the current on/off state unless
+        the held arm still wins with the switching cost charged."""
+        means, counts = self.estimator.estimates(c)
+        on_now = self.current_gamma > 0
+        if self._step_price and on_now:
+            means = self._priced_at_step(c, means, prompt_tokens)
+        same = [i for i in self._candidates(c) if means[i] is not None and (self._arms[i] > 0) == on_now]
+        if not same:
+            return a
+        alt = min(same, key=lambda i: means[i])  # type: ignore[arg-type, return-value]
+        # barely known (e.g. an exploration bin): optimistic, only the switching cost can veto it
+        mine = means[a] if means[a] is not None and counts[a] >= MIN_ELIMINATE else 0.5 * means[alt]  # type: ignore[operator]
+        sc = self.schedules[c]
+        hold = sc.left + 1
+        horizon, off = (self.flips.visit(hold), hold) if sc.exploring else (None, None)
+        if mine + self.flips.penalty(c, a, on_now, horizon, off) < means[alt]:  # type: ignore[operator]
+            return a
+        sc.arm = alt  # for the rest of this bin
+        return alt
+
+    def _tie_at_prompt_step(self, c: int, a: int, prompt_tokens: int) -> int:
+        """The draft is on, the bin exploits a gamma > 0 arm, and this step brings prompts: if gamma 0
+        is within the hysteresis margin of that arm (the bandit cannot tell them apart), the step's
+        own price decides, as for a turn-off (``_priced_at_step``). Beyond a tie the bucket's
+        preference stands: turning off there would be undone at the next step, with a catch-up of
+        the same prompts plus a fill step."""
+        i0 = self._arm_idx.get(0)
+        if i0 is None:
+            return a
+        means, _ = self.estimator.estimates(c)
+        m0, ma = means[i0], means[a]
+        if m0 is None or ma is None or m0 > ma * (1.0 + self._hyst) or i0 not in self._candidates(c):
+            return a
+        step = self._priced_at_step(c, means, prompt_tokens)
+        if step[i0] + self.flips.penalty(c, i0, True) < step[a]:  # type: ignore[operator]
+            self.schedules[c].arm = i0  # for the rest of this bin
+            return i0
+        return a
+
+    def _priced_at_step(self, c: int, means: list[float | None], prompt_tokens: int) -> list[float | None]:
+        """``means`` with the gamma > 0 arms' draft prefill priced at this step's own prompt tokens
+        instead of the workload's mean, where the step may turn the draft off: staying on commits
+        the draft to prefilling this step's prompts now, while turning off defers them to a
+        catch-up (priced in the turn-off's switching cost) that never comes for requests finishing
+        before the draft resumes. Turning on is left at the mean price: deferring a resume by a
+        step only moves this step's prompts into its catch-up."""
+        slope = self.prefill.draft_slope()
+        if not slope:
+            return means
+        est = self.estimator
+        mean_charge = est.draft_prefill_charge(c)
+        return [
+            m - mean_charge + est.in_bucket_units(c, slope * prompt_tokens / est.tokens_per_step(c, i))
+            if m is not None and self._arms[i] > 0 else m
+            for i, m in enumerate(means)
+        ]
+
+    # -- PlannerView ---------------------------------------------------------------------------------
+    def speculation_gain_s(self, batch_size: int) -> float | None:
+        """Seconds a step at ``batch_size`` saves by speculating (its bucket's best drafting arm
+        against gamma 0, at the bucket's last bin; negative when speculation loses); None until
+        both have estimates."""
+        c = self.bucket(batch_size)
+        gain = self.flips.on_gain[c]
+        return None if gain is None else self.estimator.step_seconds(c, batch_size, gain)
+
+    def switch_cost_s(self, batch_size: int) -> float:
+        """Expected C_switch of resuming speculation now at ``batch_size``."""
+        return self.switch.now(self.bucket(batch_size))
+
+    def acceptance_gate_closed(self) -> bool:
+        return self.gate.closed()
+
+    def draft_prefill_per_token(self) -> float:
+        """Seconds per generated token charged to gamma > 0 for the running draft's prefill."""
+        return self.prefill.per_generated_token()
+
+    def estimates(self, batch_size: int) -> dict[int, float | None]:
+        """gamma -> smoothed mean loss (seconds per token, in the bucket's units) at this batch."""
+        means, _ = self.estimator.estimates(self.bucket(batch_size))
+        return dict(zip(self._arms, means, strict=True))
+
+    def snapshot(self) -> PlannerPriors:
+        """Own evidence (priors included, neighbours not) per (bucket_lo, gamma): mean loss and count.
+        The result is a valid ``PlannerPriors``, so a fleet can average snapshots and push them back."""
+        entries = []
+        for c, bk in enumerate(self.buckets):
+            for i, g in enumerate(self._arms):
+                m = self.estimator.own_mean(c, i)
+                if m is not None and m > 0:
+                    x = bk.cells[i]
+                    entries.append(PriorEntry(bucket_lo=bk.lo, gamma=g, mean_loss_s=m, count=(x.n + x.pn) * (1.0 / bk.w)))
+        own = self.prefill.learnt_draft_slope()
+        return PlannerPriors(bucket_edges=list(self._edges), entries=entries,
+                             draft_prefill_s_per_token=self.prefill.prior_dps if own is None else own)

@@ -1,0 +1,104 @@
+"""Priors: injected per (bucket, arm) evidence, and what to do when a worker's own evidence contradicts it.
+
+Each prior entry is worth ``count`` observations of ``mean_loss_s`` (capped per bucket and arm, so
+a worker's own evidence soon outweighs a wrong prior). ``reconcile`` runs at every new bin of a
+bucket that has priors:
+
+* Level shift: every arm with own evidence (two at least: one arm cannot tell a wrong level from a
+  wrong arm) is off in the same direction, its dropped prior counted. The priors' shape across arms
+  still holds and only their level is off (a slower machine, longer prompts, a batch that memory
+  caps below the requests waiting), so all of the bucket's priors are rescaled by the
+  evidence-weighted geometric mean of own / prior and the dropped ones come back. Dropping arm by
+  arm instead made each arm whose prior was still standing look better than the arms already
+  tried, and the bucket played them in turn.
+* Otherwise the conflicting arms' priors are wrong for this worker and are dropped, so a wrong
+  prior costs a few observations of that arm, not the time it takes the discount to erode it; they
+  are kept aside to recognise a level shift later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nightjar_worker.planner.config import PlannerPriors, bucket_index
+from nightjar_worker.planner.nightjar.cells import Bucket
+
+
+def load(buckets: list[Bucket], edges: list[int], arm_idx: dict[int, int], priors: PlannerPriors,
+         cap: float) -> None:
+    """Replace every bucket's priors with ``priors`` (entries on other edges may share a bucket)."""
+    merged: dict[tuple[int, int], list[float]] = {}
+    for e in priors.entries:
+        i = arm_idx.get(e.gamma)
+        if i is not None and e.count > 0:
+            acc = merged.setdefault((bucket_index(edges, e.bucket_lo), i), [0.0, 0.0])
+            acc[0] += e.count
+            acc[1] += e.count * e.mean_loss_s
+    for bk in buckets:
+        for x in bk.cells:
+            x.pn = x.ps = 0.0
+        bk.has_prior = False
+        bk.dropped = {}
+    for (c, i), (n, s) in merged.items():
+        bk = buckets[c]
+        k = min(n, cap) * bk.w
+        bk.cells[i].pn = k
+        bk.cells[i].ps = k * s / n
+        bk.has_prior = True
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    rescaled: bool = False
+    dropped: int = 0
+
+
+def reconcile(bk: Bucket, corrected: list[float], cvs: Callable[[], list[float]], z: float) -> Verdict:
+    """Prior-data conflict in one bucket: an arm's own mean lies outside what its prior allows (z
+    standard errors of both, with the bucket's own noise). ``corrected``: the bucket's loss sums
+    with prefill taken out; ``cvs``: its per-arm noise (computed only when needed)."""
+    inv = 1.0 / bk.w
+    cells, dropped = bk.cells, bk.dropped
+    cv = None
+    judged = []  # (arm, own mean, prior mean, own count, conflicts)
+    for i, x in enumerate(cells):
+        k = x.n * inv
+        if k < 2.0 or corrected[i] <= 0:
+            continue
+        if x.pn > 0:
+            prior, kp = x.ps / x.pn, x.pn * inv
+        elif i in dropped:
+            prior, kp = dropped[i]
+        else:
+            continue
+        if cv is None:
+            cv = cvs()
+        own = corrected[i] / x.n
+        bad = abs(own - prior) > z * cv[i] * max(own, prior) * math.sqrt(1.0 / k + 1.0 / kp)
+        judged.append((i, own, prior, k, bad))
+    if not any(bad and cells[i].pn > 0 for i, _, _, _, bad in judged):
+        return Verdict()
+    verdict = Verdict()
+    same_way = len({own > prior for _, own, prior, _, _ in judged}) == 1
+    if len(judged) >= 2 and same_way and all(bad for *_, bad in judged):
+        weight = sum(k for _, _, _, k, _ in judged)
+        r = math.exp(sum(k * math.log(own / prior) for _, own, prior, k, _ in judged) / weight)
+        for x in cells:
+            x.ps *= r
+        for i, (prior, kp) in dropped.items():
+            cells[i].pn = kp * bk.w
+            cells[i].ps = cells[i].pn * prior * r
+        dropped.clear()
+        verdict = Verdict(rescaled=True)
+    else:
+        n = 0
+        for i, _, prior, _, bad in judged:
+            if bad and cells[i].pn > 0:
+                dropped[i] = (prior, cells[i].pn * inv)
+                cells[i].pn = cells[i].ps = 0.0
+                n += 1
+        verdict = Verdict(dropped=n)
+    bk.has_prior = any(x.pn > 0 for x in cells)
+    return verdict
