@@ -1,7 +1,7 @@
 """``make gpu-check``: the GPU measurements in one run (under 8 minutes on one H100/H200 class GPU).
 
 Needs only PyTorch with CUDA and ``cuda-bindings`` (no vLLM, no pydantic, no model downloads), so
-it runs on a bare GPU machine: ``PYTHONPATH=worker:. python3 -m benchmarks.gpu_check``. Writes into
+it runs on a bare GPU machine: ``PYTHONPATH=worker:contract:. python3 -m benchmarks.gpu_check``. Writes into
 ``$NIGHTJAR_GPU_CHECK_OUT`` (default ``build/gpu-check``):
 
 1. **KV page release** (``memory/cuda_vmm.py``): a KV pool of vLLM's FlashAttention layout in CUDA

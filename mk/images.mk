@@ -2,7 +2,7 @@
 # `make images` builds with buildah, podman or docker; on a machine that reaches no registry the
 # bases are bootstrapped from Debian's packages (scripts/images/bootstrap-base.sh). Layers are cached.
 IMAGES ?= operator worker-cpu models pause
-VERSION ?= 0.1.0
+VERSION ?= $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' contract/nightjar_contract/__init__.py)
 
 .PHONY: runtime images images-constraints e2e kind-load
 

@@ -1,3 +1,5 @@
 """Nightjar operator: reconciles NightjarDeployment resources (kopf)."""
 
-__version__ = "0.1.0"
+from nightjar_contract import __version__
+
+__all__ = ["__version__"]

@@ -279,8 +279,9 @@ def test_first_divergence_maps_chars_to_reference_tokens():
 def test_warm_start_body_switches_policy_and_seeds_its_priors(tmp_path):
     # bench-dynamic (and bench-serve --warm-profile) switch to Nightjar with the priors derived from a profile: the body
     # is a valid runtime config, and the policy the worker rebuilds from it starts from them.
-    from nightjar_worker.planner.config import PlannerPriors
-    from nightjar_worker.runtime_config import PolicyHolder, parse_runtime_config
+    from nightjar_contract.planner import PlannerPriors
+    from nightjar_contract.runtime import parse_runtime_config
+    from nightjar_worker.runtime_config import PolicyHolder
 
     from benchmarks.serving import switch_body, warm_priors
 

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import yaml
 from kopf.testing import KopfRunner
+from nightjar_contract.planner import PlannerConfig, PlannerPriors
 from nightjar_operator import constants as c
 from nightjar_operator.handlers.k8s import Api, make_api_client
-from nightjar_worker.planner.config import PlannerConfig, PlannerPriors
 from prometheus_client import REGISTRY
 
 pytestmark = pytest.mark.cluster
@@ -343,7 +343,8 @@ def test_real_worker_metrics_reach_priors_and_slo(fleet: Fleet, tmp_path, monkey
     """The real ``nightjar-worker serve`` (bundled CPU pair) at a pod IP; the ConfigMap it would mount is
     synced into its config file (what the kubelet does), so the fleet's priors reach its planner."""
     import httpx
-    from nightjar_worker.runtime_config import WorkerRuntimeConfig, read_status, write_config_atomically
+    from nightjar_contract.runtime import WorkerRuntimeConfig
+    from nightjar_worker.runtime_config import read_status, write_config_atomically
     from nightjar_worker.serve import ServerProcess
 
     class PodServer(ServerProcess):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from nightjar_contract.planner import PlannerConfig, PlannerPriors
 from nightjar_operator.fleet.aggregate import FleetStats
 from nightjar_operator.fleet.priors import PriorsConfig, merge_priors, priors_equal
 from nightjar_operator.fleet.promtext import Histogram
 from nightjar_operator.fleet.slo import condition, evaluate_slo
-from nightjar_worker.planner.config import PlannerConfig, PlannerPriors
 from pydantic import ValidationError
 
 

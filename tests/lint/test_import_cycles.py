@@ -78,11 +78,33 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-@pytest.mark.parametrize(("src", "package"), [("operator", "nightjar_operator"), ("worker", "nightjar_worker")])
+@pytest.mark.parametrize(("src", "package"), [("operator", "nightjar_operator"), ("worker", "nightjar_worker"),
+                                              ("contract", "nightjar_contract")])
 def test_no_import_cycles(src, package):
     mods = modules(ROOT / src, package)
     graph = {name: imports(name, path, set(mods)) for name, path in mods.items()}
     assert cycles(graph) == []
+
+
+def top_level_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+@pytest.mark.parametrize(("src", "package", "forbidden"), [
+    ("contract", "nightjar_contract", {"nightjar_worker", "nightjar_operator", "torch", "vllm", "kopf", "kubernetes"}),
+    ("operator", "nightjar_operator", {"nightjar_worker", "torch", "vllm"}),
+])
+def test_package_boundaries(src, package, forbidden):
+    """The contract stands alone; the operator talks to the worker only through it."""
+    bad = {name: sorted(top_level_imports(path) & forbidden) for name, path in modules(ROOT / src, package).items()
+           if top_level_imports(path) & forbidden}
+    assert bad == {}
 
 
 def test_the_walker_sees_a_cycle_hidden_in_a_function(tmp_path):

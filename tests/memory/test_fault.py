@@ -1,5 +1,5 @@
 import pytest
-from nightjar_worker.memory.config import BackoffConfig
+from nightjar_contract.memory import BackoffConfig
 from nightjar_worker.memory.fault import FaultInjector, InjectedFault, RetryBackoff
 from pydantic import ValidationError
 

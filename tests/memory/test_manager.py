@@ -9,8 +9,9 @@ import types
 
 import pytest
 import torch
+from nightjar_contract.memory import ElasticMemoryConfig
 from nightjar_worker.memory import worker_agent as wa
-from nightjar_worker.memory.config import ElasticMemoryConfig, load_config
+from nightjar_worker.memory.config import load_config
 from nightjar_worker.memory.fault import FaultInjector
 from nightjar_worker.memory.manager import ElasticMemoryManager
 from nightjar_worker.memory.offload_state import DraftState

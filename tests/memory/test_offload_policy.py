@@ -1,5 +1,6 @@
 import pytest
-from nightjar_worker.memory.offload_policy import Action, MemoryView, OffloadPolicy, OffloadPolicyConfig
+from nightjar_contract.memory import OffloadPolicyConfig
+from nightjar_worker.memory.offload_policy import Action, MemoryView, OffloadPolicy
 from nightjar_worker.memory.offload_state import DraftState
 from pydantic import ValidationError
 
@@ -107,3 +108,39 @@ def test_bad_config_names_the_field():
         OffloadPolicyConfig(offload_after_steps=0)
     with pytest.raises(ValidationError, match="bogus"):
         OffloadPolicyConfig(bogus=1)
+
+
+def _planner_at_batch_4(l0: float, l2: float):
+    """A Nightjar planner that has seen gamma 0 and gamma 2 at batch 4 (``l0``/``l2`` seconds per
+    token), one resume whose catch-up took 0.3 s after 100 steps off, then 100 steps off again (the
+    draft offloaded: the engine plays gamma 0 whatever the planner wants)."""
+    from nightjar_contract.planner import PlannerConfig
+    from nightjar_worker.planner.nightjar import NightjarPolicy
+    from nightjar_worker.planner.policy import StepFeedback
+
+    pol = NightjarPolicy(PlannerConfig(arms=[0, 2], max_gamma=2, max_batch=16))
+    for _ in range(100):
+        pol.observe(StepFeedback(batch_size=4, gamma=0, step_time_s=4 * l0, tokens_emitted=4))
+    pol.observe(StepFeedback(batch_size=4, gamma=2, step_time_s=4 * l0, tokens_emitted=4, switch_cost_s=0.3))
+    for _ in range(100):
+        pol.observe(StepFeedback(batch_size=4, gamma=2, step_time_s=8 * l2, tokens_emitted=8,
+                                 num_draft_tokens=8, num_accepted_tokens=4))
+    for _ in range(100):
+        pol.observe(StepFeedback(batch_size=4, gamma=0, step_time_s=4 * l0, tokens_emitted=4))
+    gammas = [pol.decide(4) for _ in range(40)]  # new bins record the bucket's gain
+    return pol, gammas[-1]
+
+
+@pytest.mark.parametrize(("reload_s", "drains"), [(5.0, False), (0.5, True)])
+def test_a_reload_waits_until_the_planners_gain_pays_for_it(reload_s, drains):
+    # Speculation saves 2 ms per token at batch 4 (8 ms per step): over the 200-step horizon that is
+    # 1.6 s, which pays a 0.5 s reload plus the 0.3 s catch-up but not a 5 s reload.
+    pol, gamma = _planner_at_batch_4(0.010, 0.008)
+    assert gamma == 2
+    gain, switch = pol.speculation_gain_s(4), pol.switch_cost_s(4)
+    assert gain == pytest.approx(0.008, rel=0.05)
+    assert switch == pytest.approx(0.3, rel=0.05)
+    p = OffloadPolicy(CFG)
+    calm = MemoryView(planner_gamma=gamma, batch_size=4, num_waiting=0, used_blocks=50, allowed_blocks=130,
+                      base_blocks=100, spec_gain_s=gain, switch_cost_s=switch, reload_cost_s=reload_s)
+    assert (Action.DRAIN in run(p, calm, DraftState.OFFLOADED, 20)) is drains

@@ -210,7 +210,7 @@ def test_service_selects_all_tracks(raw_spec):
 
 
 def test_config_map_is_a_valid_worker_config(raw_spec):
-    from nightjar_worker.runtime_config import parse_runtime_config_text
+    from nightjar_contract.runtime import parse_runtime_config_text
 
     raw_spec["speculation"] = {"maxGamma": 6, "arms": [0, 2, 6], "switchingCostMs": 12.5}
     raw_spec["slo"] = {"tpotP95Ms": 80, "ttftP95Ms": 900}

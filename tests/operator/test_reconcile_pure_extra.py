@@ -2,9 +2,9 @@
 
 import json
 
+from nightjar_contract.memory import ElasticMemoryConfig
 from nightjar_operator.reconcile.children import _memory_env
 from nightjar_operator.reconcile.validate import parse_spec, semantic_errors
-from nightjar_worker.memory.config import ElasticMemoryConfig
 
 SPEC = {
     "target": {"name": "t", "source": {"imagePath": "/models/t"}},

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from nightjar_contract.planner import bucket_index, default_bucket_edges
 from nightjar_worker.planner import PlannerConfig, PlannerPriors, PriorEntry, build_policy
-from nightjar_worker.planner.config import bucket_index, default_bucket_edges
 from pydantic import ValidationError
 
 

@@ -6,15 +6,17 @@ import json
 import logging
 
 import pytest
-from nightjar_worker.planner import PlannerConfig, build_policy
-from nightjar_worker.runtime_config import (
+from nightjar_contract.runtime import (
     RuntimeConfigError,
-    RuntimeConfigWatcher,
     WorkerRuntimeConfig,
-    apply_to_policy,
-    check_live_update,
     parse_runtime_config,
     parse_runtime_config_text,
+)
+from nightjar_worker.planner import PlannerConfig, build_policy
+from nightjar_worker.runtime_config import (
+    RuntimeConfigWatcher,
+    apply_to_policy,
+    check_live_update,
     read_status,
     write_config_atomically,
 )

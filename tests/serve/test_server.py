@@ -12,9 +12,10 @@ import time
 
 import httpx
 import pytest
+from nightjar_contract.runtime import WorkerRuntimeConfig
 from nightjar_worker import loadgen
 from nightjar_worker.loadgen import metric_sum, parse_metrics
-from nightjar_worker.runtime_config import WorkerRuntimeConfig, write_config_atomically
+from nightjar_worker.runtime_config import write_config_atomically
 from nightjar_worker.serve import ServerProcess
 
 pytestmark = pytest.mark.engine

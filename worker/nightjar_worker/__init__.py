@@ -1,3 +1,5 @@
 """Nightjar worker: load-adaptive speculative decoding for vLLM (planner, elastic draft memory, plugin)."""
 
-__version__ = "0.1.0"
+from nightjar_contract import __version__
+
+__all__ = ["__version__"]

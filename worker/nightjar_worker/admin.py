@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nightjar_contract.runtime import RuntimeConfigError, parse_runtime_config
+
 from nightjar_worker.runtime_config import (
-    RuntimeConfigError,
     check_live_update,
     config_path_from_env,
     load_runtime_config,
-    parse_runtime_config,
     read_status,
     write_config_atomically,
     write_text_atomically,

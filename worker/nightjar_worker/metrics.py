@@ -174,7 +174,7 @@ class WorkerMetrics:
         self._last_gamma = gamma
 
     def observe_prior_conflicts(self, dropped: int, rescaled: int) -> None:
-        """The policy's cumulative prior-conflict counts (``NightjarStats``); a count below the last
+        """The policy's cumulative prior-conflict counts (``PlannerStats``); a count below the last
         one seen is a new policy (a runtime config rebuilds it), counted from 0."""
         for action, now, last in zip(("dropped", "rescaled"), (dropped, rescaled), self._conflicts, strict=True):
             if now != last:

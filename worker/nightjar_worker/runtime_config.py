@@ -25,9 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from nightjar_worker.planner.config import PlannerConfig, PlannerPriors
+from nightjar_contract.runtime import (
+    REBUILD_FIELDS,
+    RESTART_FIELDS,
+    RuntimeConfigError,
+    WorkerRuntimeConfig,
+    parse_runtime_config_text,
+)
 
 log = logging.getLogger("nightjar.runtime_config")
 
@@ -35,85 +39,6 @@ DEFAULT_CONFIG_PATH = "/etc/nightjar/nightjar.yaml"
 ENV_CONFIG = "NIGHTJAR_CONFIG"
 ENV_STATE_DIR = "NIGHTJAR_STATE_DIR"  # where the engine reports what it applied (read by GET)
 STATUS_FILE = "config-status.json"
-
-# Fields of PlannerConfig that shape the engine (K, arms, buckets) cannot change on a live engine:
-# vLLM sized the draft and its buffers for K at start-up. Changing them needs a restart (the operator
-# rolls the pods). Everything else applies live: priors, SLO, exploration knobs, switch cost, and
-# even the policy itself (``PolicyHolder`` rebuilds it on the same arms; used by benchmarks).
-RESTART_FIELDS = ("max_gamma", "arms", "bucket_edges", "max_batch")
-REBUILD_FIELDS = ("policy", "static_gamma", "gamma_table", "seed")
-
-
-class SloTarget(BaseModel):
-    """Latency targets (milliseconds, p95). ``tpot_p95_ms`` bounds the planner's arm choice."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    ttft_p95_ms: int | None = Field(None, description="time to first token, p95, milliseconds")
-    tpot_p95_ms: int | None = Field(None, description="time per output token, p95, milliseconds")
-
-    @field_validator("ttft_p95_ms", "tpot_p95_ms")
-    @classmethod
-    def _pos(cls, v: int | None, info) -> int | None:
-        if v is not None and v <= 0:
-            raise ValueError(f"{info.field_name}: must be > 0 milliseconds (got {v})")
-        return v
-
-
-class WorkerRuntimeConfig(BaseModel):
-    """What the worker's config file (and ``POST /nightjar/v1/config``) carries."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    planner: PlannerConfig = Field(default_factory=PlannerConfig)
-    priors: PlannerPriors | None = None
-    slo: SloTarget | None = None
-
-    def tpot_target_s(self) -> float | None:
-        """The TPOT bound the policy enforces: the SLO's p95 if set, else the planner's own knob."""
-        if self.slo is not None and self.slo.tpot_p95_ms is not None:
-            return self.slo.tpot_p95_ms / 1000.0
-        return self.planner.slo_tpot_s
-
-    def digest(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
-
-
-class RuntimeConfigError(ValueError):
-    """A config file or body that cannot be applied; the message names the offending field."""
-
-
-def format_validation_error(err: ValidationError) -> str:
-    """One line per error, each starting with the dotted field path (``planner.max_gamma: ...``)."""
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "<root>"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)
-
-
-def parse_runtime_config(data: Any) -> WorkerRuntimeConfig:
-    """Validate an already-decoded document (dict). Raises ``RuntimeConfigError`` naming the field."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise RuntimeConfigError(f"<root>: expected a mapping with keys planner/priors/slo, got {type(data).__name__}")
-    try:
-        return WorkerRuntimeConfig.model_validate(data)
-    except ValidationError as e:
-        raise RuntimeConfigError(format_validation_error(e)) from None
-
-
-def parse_runtime_config_text(text: str) -> WorkerRuntimeConfig:
-    """Parse YAML (a superset of JSON) and validate."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise RuntimeConfigError(f"<root>: not valid YAML/JSON: {e}") from None
-    return parse_runtime_config(data)
 
 
 def load_runtime_config(path: str | os.PathLike[str]) -> WorkerRuntimeConfig:

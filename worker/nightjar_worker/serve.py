@@ -99,7 +99,9 @@ def parse_spec_table(obj: object) -> list[list[int]]:
 
 def _default_config_path(state_dir: str) -> str:
     """A writable runtime config file holding the defaults (so the admin endpoint can update it)."""
-    from nightjar_worker.runtime_config import WorkerRuntimeConfig, write_config_atomically
+    from nightjar_contract.runtime import WorkerRuntimeConfig
+
+    from nightjar_worker.runtime_config import write_config_atomically
 
     path = os.path.join(state_dir, "nightjar.yaml")
     write_config_atomically(path, WorkerRuntimeConfig())
@@ -132,7 +134,9 @@ def prepare_environment(args: argparse.Namespace) -> dict[str, str]:
 
 def vllm_argv(args: argparse.Namespace, passthrough: Sequence[str]) -> list[str]:
     """The vLLM API server arguments for our options (user passthrough args come last and win)."""
-    from nightjar_worker.runtime_config import RuntimeConfigError, load_runtime_config
+    from nightjar_contract.runtime import RuntimeConfigError
+
+    from nightjar_worker.runtime_config import load_runtime_config
 
     target, draft = bundled_pair()
     model = args.model or str(target)

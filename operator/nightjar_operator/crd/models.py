@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+from nightjar_contract import __version__
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -373,7 +374,7 @@ class NightjarDeploymentSpec(_Model):
     slo: SloSpec = Field(default_factory=SloSpec, json_schema_extra={"default": {}})
     replicas: int = Field(1, ge=0, le=1000)
     """Number of worker pods (scale subresource: kubectl scale njd, HPA)."""
-    image: str = Field("ghcr.io/nightjar-dev/nightjar-worker:0.1.0", min_length=1, max_length=1024, pattern=r"^\S+$")
+    image: str = Field(f"ghcr.io/nightjar-dev/nightjar-worker:{__version__}", min_length=1, max_length=1024, pattern=r"^\S+$")
     """Worker container image."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from nightjar_worker.planner.config import PlannerPriors, PriorEntry, bucket_index
+from nightjar_contract.planner import PlannerPriors, PriorEntry, bucket_index
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 

@@ -223,7 +223,7 @@ def _window_baseline(hist: deque[PodMetrics], now: float, window_s: float) -> Po
 
 
 def planner_edges_and_arms(spec: NightjarDeploymentSpec) -> tuple[list[int], list[int]]:
-    from nightjar_worker.planner.config import PlannerConfig
+    from nightjar_contract.planner import PlannerConfig
 
     from nightjar_operator.reconcile.config import planner_dict
 
@@ -236,7 +236,7 @@ def push_priors(api: Api, namespace: str, cm_name: str, stats: FleetStats, spec:
     """Write merged priors into ConfigMap ``cm_name`` key ``nightjar.yaml`` if they changed materially.
     Returns (written, number of entries). Optimistic concurrency: a 409 waits for the next tick."""
     from kubernetes.client.exceptions import ApiException
-    from nightjar_worker.planner.config import PlannerPriors
+    from nightjar_contract.planner import PlannerPriors
 
     from nightjar_operator.reconcile.config import render_runtime_config
 

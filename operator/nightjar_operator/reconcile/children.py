@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from nightjar_contract.memory import ElasticMemoryConfig
+
 from nightjar_operator import constants as c
 from nightjar_operator.crd.models import ModelRef, NightjarDeploymentSpec
 from nightjar_operator.reconcile.config import engine_hash, render_runtime_config, runtime_config_dict
@@ -176,7 +178,9 @@ def _memory_env(spec: NightjarDeploymentSpec) -> str:
         policy["kv_usage_high"] = off.kv_usage_high
     if off.kv_usage_low is not None:
         policy["kv_usage_low"] = off.kv_usage_low
-    return json.dumps({"enabled": off.policy == "Auto", "policy": policy}, sort_keys=True)
+    doc = {"enabled": off.policy == "Auto", "policy": policy}
+    ElasticMemoryConfig.model_validate(doc)  # the worker's model: a bad threshold fails here, named
+    return json.dumps(doc, sort_keys=True)
 
 
 # ------------------------------------------------------------------------------------- deployment

@@ -1,8 +1,7 @@
 """The worker's runtime config (ConfigMap key ``nightjar.yaml``) built from a spec.
 
-The file is a ``nightjar_worker.runtime_config.WorkerRuntimeConfig``. The worker package is imported
-lazily and only for its pydantic models (pure Python: the operator never imports torch or vLLM);
-when it is not installed the operator writes the same documented keys unvalidated.
+The file is a ``nightjar_contract.runtime.WorkerRuntimeConfig``: the contract package the worker
+reads it with (pure pydantic: the operator never imports the worker, torch or vLLM).
 
 Only what the spec sets is written, so the worker's own defaults stay in force. ``priors`` belong
 to the fleet loop (it pushes aggregated priors into this ConfigMap): a reconcile carries the live
@@ -12,26 +11,13 @@ to the fleet loop (it pushes aggregated priors into this ConfigMap): a reconcile
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-from types import ModuleType
 from typing import Any
 
 import yaml
+from nightjar_contract.runtime import RESTART_FIELDS, WorkerRuntimeConfig
 
 from nightjar_operator.crd.models import NightjarDeploymentSpec
-
-# Planner fields a running engine cannot take (nightjar_worker.runtime_config.RESTART_FIELDS): a
-# change of these rolls the pods (hash in the pod template); the rest reloads live.
-RESTART_FIELDS = ("policy", "max_gamma", "arms", "static_gamma")
-
-
-def worker_models() -> ModuleType | None:
-    """``nightjar_worker.runtime_config`` if importable (pure pydantic), else None."""
-    try:
-        return importlib.import_module("nightjar_worker.runtime_config")
-    except ImportError:
-        return None
 
 
 def planner_dict(spec: NightjarDeploymentSpec) -> dict[str, Any]:
@@ -61,12 +47,10 @@ def runtime_config_dict(spec: NightjarDeploymentSpec, priors: Any = None) -> dic
 
 
 def render_runtime_config(spec: NightjarDeploymentSpec, priors: Any = None) -> str:
-    """YAML text of the worker config; validated by the worker's model when it is installed."""
+    """YAML text of the worker config, validated by the worker's model."""
     cfg = runtime_config_dict(spec, priors)
-    models = worker_models()
-    if models is not None:
-        # Raises ValidationError naming the field (the reconcile checks this earlier as InvalidSpec).
-        models.WorkerRuntimeConfig.model_validate(cfg)
+    # Raises ValidationError naming the field (the reconcile checks this earlier as InvalidSpec).
+    WorkerRuntimeConfig.model_validate(cfg)
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
@@ -82,7 +66,8 @@ def live_priors(config_text: str | None) -> Any:
 
 
 def engine_hash(spec: NightjarDeploymentSpec) -> str:
-    """Hash of the restart-only planner fields (pod-template annotation)."""
+    """Hash of the planner fields a running worker cannot take (pod-template annotation): a change
+    rolls the pods; the rest, the policy included, reloads live through the ConfigMap."""
     p = planner_dict(spec)
     sub = {k: p.get(k) for k in RESTART_FIELDS}
     return hashlib.sha256(json.dumps(sub, sort_keys=True).encode()).hexdigest()[:16]

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nightjar_contract.runtime import WorkerRuntimeConfig
 from pydantic import ValidationError
 
 from nightjar_operator.crd.models import NightjarDeploymentSpec
@@ -198,14 +199,11 @@ _PLANNER_FIELDS = {
 
 
 def planner_config_errors(spec: NightjarDeploymentSpec) -> list[FieldError]:
-    """Run the worker's own config models over what the ConfigMap will carry (when installed)."""
-    from nightjar_operator.reconcile.config import runtime_config_dict, worker_models
+    """Run the worker's own config model over what the ConfigMap will carry."""
+    from nightjar_operator.reconcile.config import runtime_config_dict
 
-    models = worker_models()
-    if models is None:
-        return []
     try:
-        models.WorkerRuntimeConfig.model_validate(runtime_config_dict(spec))
+        WorkerRuntimeConfig.model_validate(runtime_config_dict(spec))
     except ValidationError as e:
         out = []
         for err in e.errors():

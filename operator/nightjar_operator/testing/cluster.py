@@ -41,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nightjar_contract import __version__
+
 from nightjar_operator.testing import kubelet_node
 
 CACHE_DIR = Path(os.environ.get("NIGHTJAR_CACHE", Path.home() / ".cache" / "nightjar"))
@@ -632,8 +634,8 @@ def _print_env(c: LocalCluster) -> None:
 # What `make images` builds (scripts/images/build.sh): imported into the real node's containerd.
 PROJECT_IMAGES = (
     kubelet_node.PAUSE_IMAGE,
-    "ghcr.io/nightjar-dev/nightjar-operator:0.1.0",
-    "ghcr.io/nightjar-dev/nightjar-worker:0.1.0-cpu",
+    f"ghcr.io/nightjar-dev/nightjar-operator:{__version__}",
+    f"ghcr.io/nightjar-dev/nightjar-worker:{__version__}-cpu",
     "ghcr.io/nightjar-dev/nightjar-models:smollm2-135m",
 )
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from nightjar_worker.engine.forced import ForcedSchedulePolicy
 from nightjar_worker.engine.step_stats import JsonlSink, StepStats
-from nightjar_worker.planner.policy import GammaPolicy, StepFeedback
+from nightjar_worker.planner.policy import GammaPolicy, PlannerView, StepFeedback
 
 log = logging.getLogger("nightjar.engine")
 
@@ -147,6 +147,16 @@ class EngineControl:
             self.metrics.observe_decision(dt)
         return min(max(g, 0), self.max_gamma), dt
 
+    def outlook(self, batch_size: int) -> tuple[float | None, float]:
+        """(seconds a step saves by speculating, expected C_switch of resuming) at this batch, what
+        the memory manager weighs a draft reload against; (None, 0.0) for a policy that learns
+        neither (a reload is then trusted to the policy's choice)."""
+        with self.lock:
+            if isinstance(self.policy, PlannerView):
+                b = max(1, batch_size)
+                return self.policy.speculation_gain_s(b), self.policy.switch_cost_s(b)
+        return None, 0.0
+
     def observe(self, stats: StepStats) -> None:
         fb = StepFeedback(
             batch_size=max(1, stats.batch_size),
@@ -163,17 +173,14 @@ class EngineControl:
         now = time.monotonic()
         with self.lock:
             self.policy.observe(fb)
-            pstats = getattr(self.policy, "stats", None)
-            conflicts = (pstats.priors_dropped, pstats.prior_rescales) if hasattr(pstats, "priors_dropped") else None
+            view = self.policy if isinstance(self.policy, PlannerView) else None
+            conflicts = (view.stats.priors_dropped, view.stats.prior_rescales) if view is not None else None
             snap = gate_closed = draft_prefill = None
-            if self.metrics is not None and now - self._last_snapshot >= self._snapshot_every_s:
+            if view is not None and self.metrics is not None and now - self._last_snapshot >= self._snapshot_every_s:
                 self._last_snapshot = now
-                if hasattr(self.policy, "snapshot"):
-                    snap = self.policy.snapshot()
-                gate = getattr(self.policy, "acceptance_gate_closed", None)
-                gate_closed = gate() if gate is not None else None
-                charge = getattr(self.policy, "draft_prefill_per_token", None)
-                draft_prefill = charge() if charge is not None else None
+                snap = view.snapshot()
+                gate_closed = view.acceptance_gate_closed()
+                draft_prefill = view.draft_prefill_per_token()
         if self.metrics is not None:
             self.metrics.observe_step(stats.gamma, stats.batch_size, stats.num_draft_tokens, stats.num_accepted_tokens)
             if stats.catchup_s > 0:

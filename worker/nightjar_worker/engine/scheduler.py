@@ -94,7 +94,8 @@ class NightjarScheduler(Scheduler):
         prompt = pending_prompt_tokens(self.running, waiting, max_seqs, budget, self._prefix_hit)
         gamma, decide_s = self.nightjar_control.decide(batch, prompt)
         if self.nightjar_memory is not None:  # gamma 0 unless the draft is fully resident
-            gamma = self.nightjar_memory.on_step(gamma).clamp(gamma)
+            gain_s, switch_s = self.nightjar_control.outlook(batch)
+            gamma = self.nightjar_memory.on_step(gamma, gain_s, switch_s).clamp(gamma)
         for req in self.running:
             if len(req.spec_token_ids) > gamma:
                 req.spec_token_ids = req.spec_token_ids[:gamma]

@@ -12,7 +12,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the config model needs pydantic; this module does not (the GPU check imports it)
-    from .config import BackoffConfig
+    from nightjar_contract.memory import BackoffConfig
 
 FAULT_ENV = "NIGHTJAR_FAULT_RELOAD"
 
@@ -58,7 +58,7 @@ class RetryBackoff:
 
     def __init__(self, config: BackoffConfig | None = None) -> None:
         if config is None:
-            from .config import BackoffConfig
+            from nightjar_contract.memory import BackoffConfig
 
             config = BackoffConfig()
         self.config = config

@@ -2,7 +2,8 @@
 
 Step contract (called by ``NightjarScheduler.schedule`` before vLLM schedules the step)::
 
-    directive = manager.on_step(planner_gamma, spec_gain_s=None, switch_cost_s=0.0)
+    gain_s, switch_s = control.outlook(batch)  # the planner's PlannerView
+    directive = manager.on_step(planner_gamma, spec_gain_s=gain_s, switch_cost_s=switch_s)
     gamma = directive.clamp(planner_gamma)   # 0 unless the draft is fully resident
 
 ``on_step`` (1) collects finished background moves from the worker, (2) asks the offload policy
@@ -24,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nightjar_contract.memory import ElasticMemoryConfig
+
 from . import worker_agent as wa
-from .config import ElasticMemoryConfig
 from .fault import RetryBackoff
 from .kv_elastic import ElasticBlockPool, plan_extra_blocks, requests_holding
 from .offload_policy import Action, MemoryView, OffloadPolicy

@@ -20,38 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from nightjar_contract.memory import OffloadPolicyConfig
 
 from .offload_state import DraftState
-
-
-class OffloadPolicyConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = True
-    offload_after_steps: int = Field(8, ge=1, description="consecutive gamma=0 steps under pressure")
-    reload_after_steps: int = Field(16, ge=1, description="consecutive calm steps wanting gamma>0")
-    waiting_threshold: int = Field(1, ge=1, description="this many waiting requests is pressure")
-    kv_usage_high: float = Field(0.90, gt=0.0, le=1.0, description="KV usage (of allowed blocks) = pressure")
-    kv_usage_low: float = Field(
-        0.70, ge=0.0, le=1.0, description="reload only when used blocks <= this share of the base pool"
-    )
-    min_resident_s: float = Field(2.0, ge=0.0, description="minimum dwell in RESIDENT before offloading")
-    min_offloaded_s: float = Field(2.0, ge=0.0, description="minimum dwell in OFFLOADED before draining")
-    amortize_steps: int = Field(
-        200, ge=1, description="steps over which the reload + C_switch cost must be recovered"
-    )
-    drain_timeout_s: float = Field(
-        30.0, gt=0.0, description="after this long draining, preempt (recompute) holders of extra blocks"
-    )
-
-    @model_validator(mode="after")
-    def _thresholds(self) -> OffloadPolicyConfig:
-        if self.kv_usage_low >= self.kv_usage_high:
-            raise ValueError(
-                f"kv_usage_low ({self.kv_usage_low}) must be below kv_usage_high ({self.kv_usage_high})"
-            )
-        return self
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nightjar_worker.planner.config import PlannerConfig, PlannerPriors, PriorEntry
+from nightjar_contract.planner import PlannerConfig, PlannerPriors, PriorEntry
+
 from nightjar_worker.planner.policy import GammaPolicy, StepFeedback
 
 if TYPE_CHECKING:

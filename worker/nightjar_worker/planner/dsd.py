@@ -8,7 +8,8 @@ It ignores switching costs (as those systems do).
 
 from __future__ import annotations
 
-from nightjar_worker.planner.config import PlannerConfig
+from nightjar_contract.planner import PlannerConfig
+
 from nightjar_worker.planner.policy import StepFeedback
 from nightjar_worker.sim.profile import CostProfile, expected_tokens
 

@@ -11,7 +11,8 @@ it per generated token.
 
 from __future__ import annotations
 
-from nightjar_worker.planner.config import PlannerConfig
+from nightjar_contract.planner import PlannerConfig
+
 from nightjar_worker.planner.policy import StepFeedback
 from nightjar_worker.sim.profile import CostProfile, expected_tokens
 

@@ -18,7 +18,10 @@ Policies are pure Python (no torch, no vllm) and deterministic under their seed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from nightjar_contract.planner import PlannerPriors
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +63,42 @@ class GammaPolicy(Protocol):
     def decide(self, batch_size: int, prompt_tokens: int = 0) -> int: ...
 
     def observe(self, feedback: StepFeedback) -> None: ...
+
+
+@dataclass
+class PlannerStats:
+    """A learning policy's counters, for metrics."""
+
+    decisions: int = 0
+    bins: int = 0
+    explore_bins: int = 0
+    switches_on: int = 0
+    switches_off: int = 0
+    switch_cost_s_ema: float = 0.0
+    priors_dropped: int = 0  # prior entries dropped for contradicting the arm's own evidence
+    prior_rescales: int = 0  # buckets' priors rescaled to the level of this worker's evidence
+
+
+@runtime_checkable
+class PlannerView(Protocol):
+    """What the rest of the worker reads from a learning policy (read-only; Nightjar's planner).
+
+    The memory manager weighs a draft reload against ``speculation_gain_s`` and ``switch_cost_s``;
+    the metrics export the gate, the draft's prefill charge, the counters and the snapshot (which
+    the operator's fleet loop averages into priors). Baselines do not implement it."""
+
+    stats: PlannerStats
+
+    def speculation_gain_s(self, batch_size: int) -> float | None:
+        """Seconds a step at this batch saves by speculating (negative: it loses); None if unknown."""
+        ...
+
+    def switch_cost_s(self, batch_size: int) -> float:
+        """Expected C_switch of resuming speculation now at this batch (seconds)."""
+        ...
+
+    def acceptance_gate_closed(self) -> bool: ...
+
+    def draft_prefill_per_token(self) -> float: ...
+
+    def snapshot(self) -> PlannerPriors: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nightjar_worker.planner.config import PlannerConfig, PlannerPriors, PriorEntry
+from nightjar_contract.planner import PlannerConfig, PlannerPriors, PriorEntry
 
 if TYPE_CHECKING:
     from nightjar_worker.sim.profile import CostProfile

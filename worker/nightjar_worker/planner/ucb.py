@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from nightjar_worker.planner.config import PlannerConfig
+from nightjar_contract.planner import PlannerConfig
+
 from nightjar_worker.planner.policy import StepFeedback
 
 

@@ -68,6 +68,6 @@ priors, neighbours and prefill corrections), ``prefill``, ``switching`` (C_switc
 Step contract: see ``planner/policy.py``. ``decide`` is O(1) on the common path (inside a bin).
 """
 
-from nightjar_worker.planner.nightjar.policy import NightjarPolicy, NightjarStats
+from nightjar_worker.planner.nightjar.policy import NightjarPolicy
 
-__all__ = ["NightjarPolicy", "NightjarStats"]
+__all__ = ["NightjarPolicy"]

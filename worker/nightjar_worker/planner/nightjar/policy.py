@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from nightjar_worker.planner.config import PlannerConfig, PlannerPriors, PriorEntry, bucket_index
+from nightjar_contract.planner import PlannerConfig, PlannerPriors, PriorEntry, bucket_index
+
 from nightjar_worker.planner.nightjar import priors as prior_rules
 from nightjar_worker.planner.nightjar.cells import Bucket
 from nightjar_worker.planner.nightjar.estimates import Estimator
@@ -21,7 +22,7 @@ from nightjar_worker.planner.nightjar.gate import AcceptanceGate
 from nightjar_worker.planner.nightjar.prefill import PrefillCost
 from nightjar_worker.planner.nightjar.schedule import Schedule
 from nightjar_worker.planner.nightjar.switching import Dwell, PaperSwitchCost, SwitchCost
-from nightjar_worker.planner.policy import StepFeedback
+from nightjar_worker.planner.policy import PlannerStats, StepFeedback
 
 
 @dataclass(frozen=True)
@@ -43,20 +44,6 @@ PAPER = Scheme(PaperSwitchCost, False, False, False, False, False)
 _PAPER_OFF = {"share_neighbours": False, "eliminate": False, "monotone_prior": False, "hysteresis": 0.0,
               "normalise_batch": False, "growing_window": False, "prefill_correction": False,
               "min_acceptance": 0.0}
-
-
-@dataclass
-class NightjarStats:
-    """Plain counters for metrics."""
-
-    decisions: int = 0
-    bins: int = 0
-    explore_bins: int = 0
-    switches_on: int = 0
-    switches_off: int = 0
-    switch_cost_s_ema: float = 0.0
-    priors_dropped: int = 0  # prior entries dropped for contradicting the arm's own evidence
-    prior_rescales: int = 0  # buckets' priors rescaled to the level of this worker's evidence
 
 
 class NightjarPolicy:
@@ -89,7 +76,7 @@ class NightjarPolicy:
         )
         self.current_gamma = 0  # the last decision: the engine's speculation state
         self._prev_gamma = 0  # gamma of the last observed step (pipeline fill detection)
-        self.stats = NightjarStats()
+        self.stats = PlannerStats()
         self._apply_knobs(config)
 
     # -- configuration ---------------------------------------------------------------------

@@ -22,7 +22,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nightjar_worker.planner.config import PlannerPriors, bucket_index
+from nightjar_contract.planner import PlannerPriors, bucket_index
+
 from nightjar_worker.planner.nightjar.cells import Bucket
 
 

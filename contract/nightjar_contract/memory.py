@@ -1,0 +1,87 @@
+"""Elastic draft memory configuration (env ``NIGHTJAR_MEMORY``, written by the operator).
+
+``enabled: false`` (the default): the draft stays resident, vLLM unchanged. ``policy`` holds the
+offload policy's thresholds (``nightjar_worker.memory.offload_policy``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ENV = "NIGHTJAR_MEMORY"
+ADDITIONAL_CONFIG_KEY = "nightjar_memory"
+
+
+class OffloadPolicyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    offload_after_steps: int = Field(8, ge=1, description="consecutive gamma=0 steps under pressure")
+    reload_after_steps: int = Field(16, ge=1, description="consecutive calm steps wanting gamma>0")
+    waiting_threshold: int = Field(1, ge=1, description="this many waiting requests is pressure")
+    kv_usage_high: float = Field(0.90, gt=0.0, le=1.0, description="KV usage (of allowed blocks) = pressure")
+    kv_usage_low: float = Field(
+        0.70, ge=0.0, le=1.0, description="reload only when used blocks <= this share of the base pool"
+    )
+    min_resident_s: float = Field(2.0, ge=0.0, description="minimum dwell in RESIDENT before offloading")
+    min_offloaded_s: float = Field(2.0, ge=0.0, description="minimum dwell in OFFLOADED before draining")
+    amortize_steps: int = Field(
+        200, ge=1, description="steps over which the reload + C_switch cost must be recovered"
+    )
+    drain_timeout_s: float = Field(
+        30.0, gt=0.0, description="after this long draining, preempt (recompute) holders of extra blocks"
+    )
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> OffloadPolicyConfig:
+        if self.kv_usage_low >= self.kv_usage_high:
+            raise ValueError(
+                f"kv_usage_low ({self.kv_usage_low}) must be below kv_usage_high ({self.kv_usage_high})"
+            )
+        return self
+
+
+class BackoffConfig(BaseModel):
+    """Retry back-off after a failed draft reload (``fault.RetryBackoff``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_s: float = Field(1.0, gt=0.0, description="delay after the first failure")
+    factor: float = Field(2.0, ge=1.0)
+    max_s: float = Field(60.0, gt=0.0)
+
+
+class ElasticMemoryConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    mode: Literal["auto", "resident", "offloaded"] = Field(
+        "auto", description="auto: the offload policy decides; resident/offloaded: pinned (ops, tests, benchmarks)"
+    )
+    control_file: str | None = Field(
+        None, description="if set, a file whose content (auto|resident|offloaded) overrides mode at run time"
+    )
+    base_blocks: int | None = Field(
+        None,
+        ge=2,
+        description="KV blocks (null block included) usable with the draft resident; None: the pool "
+        "vLLM allocated was sized for the offloaded case and the draft's share is held back",
+    )
+    release_pages: bool = Field(True, description="return held-back KV pages to the OS (CPU: madvise)")
+    host_store: Literal["auto", "pinned", "memory", "file"] = "auto"
+    offload_dir: str | None = None
+    reload_slice_s: float = Field(
+        0.02, ge=0,
+        description="CPU: reload in slices of at most about this much work between engine steps, on the "
+        "engine thread (re-packing vLLM's CPU GEMM weights in a background thread competed with decoding "
+        "for the cores: decode steps up to 7x the median); 0: a background thread. CUDA always uses a "
+        "background thread and a side stream",
+    )
+    reload_slice_bytes: int = Field(
+        8 << 20, ge=0, description="largest read or packing call in one reload work item (0: whole tensors)"
+    )
+    policy: OffloadPolicyConfig = Field(default_factory=OffloadPolicyConfig)
+    backoff: BackoffConfig = Field(default_factory=BackoffConfig)
+    trace_file: str | None = Field(None, description="append one JSON line per step (benchmarks)")

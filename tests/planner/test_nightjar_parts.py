@@ -1,0 +1,269 @@
+"""Each part of the Nightjar planner on its own (planner/nightjar/*.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from nightjar_contract.planner import PlannerPriors, PriorEntry
+from nightjar_worker.planner.nightjar.cells import Bucket, Cell
+from nightjar_worker.planner.nightjar.estimates import Estimator
+from nightjar_worker.planner.nightjar.excursions import Excursions
+from nightjar_worker.planner.nightjar.explore import Candidates, PrunedExplorer, UniformExplorer
+from nightjar_worker.planner.nightjar.flips import FlipPricer
+from nightjar_worker.planner.nightjar.gate import AcceptanceGate
+from nightjar_worker.planner.nightjar.prefill import PrefillCost
+from nightjar_worker.planner.nightjar.priors import load, reconcile
+from nightjar_worker.planner.nightjar.schedule import Schedule
+from nightjar_worker.planner.nightjar.switching import Dwell, PaperSwitchCost, SwitchCost
+from nightjar_worker.planner.policy import StepFeedback
+
+ARMS = (0, 1, 2)
+_RNG = random.Random(0)
+
+
+def _observe(bk: Bucket, i: int, loss: float, tokens: int = 4, steps: int = 1, steady: float = 0.9995,
+             noise: float = 0.0) -> None:
+    for _ in range(steps):
+        x = loss * (1 + noise * _RNG.gauss(0, 1))
+        bk.cells[i].observe(bk.w, x, tokens, x * tokens, 0, 1.0, 1.0 / tokens, tokens, True)
+        bk.discount(steady, growing=True)
+
+
+def _mean(bk: Bucket, i: int) -> float:
+    return bk.cells[i].s / bk.cells[i].n
+
+
+# -- cells -------------------------------------------------------------------------------------------
+def test_every_float_slot_of_a_cell_is_either_weighted_or_named_unweighted():
+    assert set(Cell.WEIGHTED) | set(Cell.UNWEIGHTED) == set(Cell.__slots__)
+    assert not set(Cell.WEIGHTED) & set(Cell.UNWEIGHTED)
+
+
+def test_rescaling_keeps_every_mean_and_count():
+    bk = Bucket(4, 3)
+    _observe(bk, 1, 0.02, steps=50)
+    before = (bk.count(1), _mean(bk, 1), bk.cvs())
+    bk.rescale(bk.w)
+    bk.w = 1.0
+    assert (bk.count(1), _mean(bk, 1)) == pytest.approx(before[:2], rel=1e-12)
+    assert bk.cvs() == pytest.approx(before[2], rel=1e-9)
+
+
+def test_the_growing_window_forgets_a_cold_start_and_the_discount_tracks_a_shift():
+    bk = Bucket(4, 1)
+    _observe(bk, 0, 0.05, steps=20)  # a cold-start transient
+    _observe(bk, 0, 0.01, steps=200)
+    assert _mean(bk, 0) < 0.012  # the transient has faded, far more than 20 / 220 of it
+    assert bk.count(0) < 220
+
+
+def test_the_weight_rescales_before_it_overflows():
+    bk = Bucket(1, 1)
+    _observe(bk, 0, 0.01, steps=2000, steady=0.5)
+    assert math.isfinite(bk.w) and bk.w <= 1e150
+    assert _mean(bk, 0) == pytest.approx(0.01)
+
+
+def test_the_noise_of_an_arm_is_its_own_shrunk_towards_the_bucket():
+    rng = random.Random(0)
+    bk = Bucket(4, 2)
+    for _ in range(400):
+        _observe(bk, 0, 0.01 * (1 + 0.1 * rng.gauss(0, 1)))
+    cv = bk.cvs()
+    assert cv[0] == pytest.approx(0.1, rel=0.15)
+    assert cv[1] == pytest.approx(cv[0], rel=1e-9)  # untried: the bucket's pooled noise
+
+
+# -- gate ---------------------------------------------------------------------------------------------
+def test_the_gate_closes_on_a_never_accepted_draft_and_reopens_as_its_counts_decay():
+    g = AcceptanceGate(min_acceptance=0.05, min_tokens=64, halflife_steps=100, z=2.0)
+    g.observe(40, 0)
+    assert not g.closed()  # too few drafted tokens to judge
+    for _ in range(20):
+        g.observe(40, 0)
+    assert g.closed()
+    for _ in range(1000):
+        g.observe(0, 0)
+    assert not g.closed()
+    ok = AcceptanceGate(0.05, 64, 100, 2.0)
+    for _ in range(20):
+        ok.observe(40, 20)
+    assert not ok.closed()
+
+
+# -- excursions -----------------------------------------------------------------------------------------
+def test_excursions_measure_how_long_the_batch_stays_above_and_below_a_bucket():
+    ex = Excursions(3, initial=32.0)
+    for _ in range(80):  # 10 steps in bucket 0, 5 in bucket 2, repeated
+        for c in [0] * 10 + [2] * 5:
+            ex.step(c)
+    assert ex.above(1) == pytest.approx(5, rel=0.1)  # runs at or above bucket 1
+    assert ex.below(1) == pytest.approx(10, rel=0.1)  # runs at or below bucket 1
+
+
+# -- schedule ----------------------------------------------------------------------------------------
+def test_blocks_double_and_bins_are_about_the_square_root_of_their_block():
+    s = Schedule()
+    sizes = [s.next_bin(max_block_exp=12) for _ in range(12)]
+    # blocks of 1, 2, 4, 8, 16 steps in bins of round(sqrt(block)): 1 | 1 1 | 2 2 | 3 3 2 | 4 4 4 4
+    assert sizes == [1, 1, 1, 2, 2, 3, 3, 2, 4, 4, 4, 4]
+    assert s.handed_out == sum(sizes)
+    s2 = Schedule()
+    s2.advance(1000, 12)
+    assert s2.handed_out >= 1000 and s2.explore_probability(1.0, 0.0) < s.explore_probability(1.0, 0.0)
+
+
+# -- switching ---------------------------------------------------------------------------------------
+def _resume(sw: SwitchCost, missed: int, cost: float) -> None:
+    sw.observe(StepFeedback(batch_size=1, gamma=2, step_time_s=0.1, tokens_emitted=1, switch_cost_s=cost,
+                            catchup_tokens=missed), 0, None)
+
+
+def test_the_catch_up_line_is_fitted_over_resumes_and_predicts_with_the_bucket_fill():
+    sw = SwitchCost(buckets=2)
+    for missed in (100, 300, 200, 400):
+        _resume(sw, missed, 0.2 + 0.01 * missed)
+    assert sw.catchup_line() == pytest.approx((0.2, 0.01))
+    sw.observe(StepFeedback(batch_size=8, gamma=1, step_time_s=1.0, tokens_emitted=8), 1, 0.5)  # a fill excess
+    assert sw.predict(1000, 1) == pytest.approx(0.2 + 10 + 0.5)
+    assert sw.predict(1000, 0) == pytest.approx(0.2 + 10)
+    sw.override = 0.05
+    assert sw.predict(1000, 1) == 0.05
+
+
+def test_the_papers_switch_cost_is_the_mean_observed():
+    sw = PaperSwitchCost(buckets=1)
+    assert sw.predict(500, 0) == 0.0
+    for missed in (100, 300):
+        _resume(sw, missed, 1.0)
+    assert sw.predict(5000, 0) == pytest.approx(1.0) and PaperSwitchCost.charged_to_step
+
+
+def test_the_draft_lag_levels_off_and_the_engine_count_replaces_the_guess():
+    assert SwitchCost.lag_after(10_000, 1.0) == pytest.approx(256, rel=0.01)
+    sw = SwitchCost(buckets=1)
+    for _ in range(50):
+        sw.observe(StepFeedback(batch_size=1, gamma=0, step_time_s=0.1, tokens_emitted=1), 0, None)
+    assert sw.off_tokens > 40
+    sw.observe(StepFeedback(batch_size=1, gamma=0, step_time_s=0.1, tokens_emitted=1, draft_lag_tokens=7), 0, None)
+    assert sw.off_tokens == 8
+
+
+def test_dwell_tracks_the_policy_own_run_lengths():
+    d = Dwell(32.0)
+    for _ in range(40):
+        for k in range(10):
+            d.step(flipped=k == 0, was_on=True)  # 10 steps off after each turn-off
+        for k in range(5):
+            d.step(flipped=k == 0, was_on=False)  # 5 on after each turn-on
+    assert d.mean == pytest.approx([10, 5], rel=0.02)
+
+
+# -- prefill -------------------------------------------------------------------------------------------
+def test_the_prefill_slope_is_learnt_per_draft_state_and_the_draft_share_charged_per_token():
+    pc = PrefillCost(amortise=True, catchup_rate=lambda: None)
+    for on, slope in ((False, 0.02), (True, 0.03)):
+        cell = Cell()
+        for k in range(60):
+            p = 100 * (k % 3 == 0)
+            pc.regress(cell, p, 0.5 + slope * p, on)
+            pc.observe_workload(p, 4)
+    assert pc.slopes() == pytest.approx((0.02, 0.03), rel=0.05)
+    assert pc.learnt_draft_slope() == pytest.approx(0.01, rel=0.1)
+    assert pc.per_generated_token() == pytest.approx(0.01 * pc.prompt_per_generated(), rel=0.1)
+    pc.amortise = False
+    assert pc.per_generated_token() == 0.0
+
+
+def test_before_both_states_have_seen_prompts_the_prior_then_the_catch_up_rate_prices_the_draft():
+    pc = PrefillCost(amortise=True, catchup_rate=lambda: 0.007)
+    assert pc.draft_slope() == 0.007
+    pc.prior_dps = 0.004
+    assert pc.draft_slope() == 0.004
+
+
+# -- priors ----------------------------------------------------------------------------------------------
+def _bucket_with_priors(prior_means: dict[int, float], count: float = 20.0) -> Bucket:
+    bk = Bucket(4, 3)
+    pri = PlannerPriors(bucket_edges=[4], entries=[PriorEntry(bucket_lo=4, gamma=g, mean_loss_s=m, count=count)
+                                                  for g, m in prior_means.items()])
+    load([bk], [4], {g: i for i, g in enumerate(ARMS)}, pri, cap=16.0)
+    return bk
+
+
+def test_priors_load_capped_and_a_level_shift_rescales_them_all():
+    bk = _bucket_with_priors({0: 0.010, 1: 0.008, 2: 0.009})
+    assert bk.has_prior and bk.cells[0].pn / bk.w == 16.0
+    _observe(bk, 0, 0.020, steps=30)  # this worker is twice as slow on both arms it tried
+    _observe(bk, 1, 0.016, steps=30)
+    v = reconcile(bk, [x.s for x in bk.cells], bk.cvs, z=2.0)
+    assert v.rescaled and v.dropped == 0
+    assert bk.cells[2].ps / bk.cells[2].pn == pytest.approx(0.018, rel=0.02)  # the untried arm follows
+
+
+def test_a_prior_contradicted_by_one_arm_alone_is_dropped():
+    bk = _bucket_with_priors({0: 0.010, 1: 0.008})
+    _observe(bk, 0, 0.010, steps=30, noise=0.05)  # agrees
+    _observe(bk, 1, 0.016, steps=30, noise=0.05)  # twice its prior
+    v = reconcile(bk, [x.s for x in bk.cells], bk.cvs, z=2.0)
+    assert v == type(v)(rescaled=False, dropped=1)
+    assert bk.cells[1].pn == 0 and 1 in bk.dropped and bk.cells[0].pn > 0
+
+
+# -- estimates and flips ------------------------------------------------------------------------------------
+def _estimator(share: bool = True) -> Estimator:
+    bks = [Bucket(lo, 3) for lo in (1, 2, 4)]
+    return Estimator(bks, ARMS, PrefillCost(amortise=False, catchup_rate=lambda: None), share=share)
+
+
+def test_a_neighbour_lends_an_untried_arm_rescaled_by_an_arm_both_have_tried():
+    est = _estimator()
+    _observe(est.buckets[1], 0, 0.02, steps=20)  # bucket 2: gamma 0 only
+    _observe(est.buckets[2], 0, 0.01, steps=20)  # bucket 4: gamma 0 and 2, twice as cheap
+    _observe(est.buckets[2], 2, 0.006, steps=20)
+    means, counts = est.estimates(1)
+    assert means[2] == pytest.approx(0.012, rel=0.02)  # 0.006 x (0.02 / 0.01)
+    assert 0 < counts[2] <= 2.0  # at most share_weight pseudo-observations
+    est.share = False
+    assert est.estimates(1)[0][2] is None
+
+
+def test_a_flip_costs_nothing_unless_it_flips_and_a_resume_is_amortised_over_the_on_run():
+    est = _estimator(share=False)
+    sw = SwitchCost(buckets=3, override=3.2)
+    flips = FlipPricer(est, sw, Dwell(32.0), Excursions(3, 32.0), amortise_steps=32)
+    _observe(est.buckets[2], 2, 0.01, tokens=8, steps=20)
+    assert flips.penalty(2, 2, on_now=True) == 0.0
+    # 3.2 s over 32 steps of 8 tokens, in bucket units (normalised at the bucket's mean batch = lo)
+    assert flips.penalty(2, 2, on_now=False) == pytest.approx(3.2 / (32 * 8))
+    assert flips.penalty(2, 2, on_now=False, horizon=4) == pytest.approx(3.2 / (4 * 8))
+
+
+# -- explore --------------------------------------------------------------------------------------------
+def test_exploration_tries_what_the_bucket_has_not_and_the_paper_draws_uniformly():
+    est = _estimator(share=False)
+    sched = [Schedule() for _ in est.buckets]
+    flips = FlipPricer(est, SwitchCost(3), Dwell(32.0), Excursions(3, 32.0), 32)
+    ex = PrunedExplorer(random.Random(0), ARMS, est.buckets, sched, flips, monotone=False, eliminate=False)
+    _observe(est.buckets[1], 0, 0.02, steps=10)
+    _observe(est.buckets[1], 1, 0.015, steps=10)
+    k = Candidates(1, [0, 1, 2], *est.estimates(1), eff=[0.02, 0.015, None], best=1)
+    k.eff = [0.02, 0.015, None]
+    assert ex.choose(k, on_now=True, slo=None) == 2  # untried
+    assert ex.hold(k, 2, left=5, raising=True) == 1  # n + 1 steps: 0 observations, one more for the fill
+    uni = UniformExplorer(random.Random(0))
+    assert {uni.choose(k, True, None) for _ in range(50)} == {0, 1, 2} and uni.hold(k, 2, 5, True) == 5
+
+
+def test_the_monotone_prior_keeps_exploration_between_the_neighbours_best_arms():
+    est = _estimator(share=False)
+    sched = [Schedule() for _ in est.buckets]
+    flips = FlipPricer(est, SwitchCost(3), Dwell(32.0), Excursions(3, 32.0), 32)
+    ex = PrunedExplorer(random.Random(0), ARMS, est.buckets, sched, flips, monotone=True, eliminate=False)
+    _observe(est.buckets[2], 0, 0.01, steps=200)  # bucket 4 (larger batch) is established on gamma 1
+    sched[2].best = 1
+    k = Candidates(1, [0, 1, 2], [None] * 3, [0.0] * 3, [None] * 3, best=-1)
+    picks = {ex.choose(k, on_now=True, slo=None) for _ in range(30)}
+    assert picks <= {1, 2}  # never below the larger batch's best gamma
