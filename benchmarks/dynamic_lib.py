@@ -9,11 +9,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from nightjar_worker.engine.step_stats import StepStats
 from nightjar_worker.loadgen import Phase, Prompt, RequestRecord, summarize
 from nightjar_worker.planner import PlannerConfig
 from nightjar_worker.planner.dsd import invert_acceptance
 from nightjar_worker.planner.oracle import OraclePolicy
+from nightjar_worker.planner.policy import StepFeedback
 from nightjar_worker.sim.profile import CostProfile
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -157,7 +157,7 @@ def record_row(r: RequestRecord) -> dict[str, Any]:
 
 
 def step_phase_stats(
-    steps: Iterable[StepStats], unix0: float, windows: Sequence[tuple[str, float, float]],
+    steps: Iterable[StepFeedback], unix0: float, windows: Sequence[tuple[str, float, float]],
     unix1: float | None = None,
 ) -> dict[str, dict[str, float | None]]:
     """Per phase (by step end time) and ``overall``: mean gamma, mean decoding batch, step count,
@@ -169,7 +169,7 @@ def step_phase_stats(
     ``busy_s`` (step times plus catch-ups) and the prompt tokens prefilled, all and with the draft on
     (``prompt_tokens_draft_on``: a step at gamma > 0 prefills the draft too), say where a policy
     spent its time: by-arrival throughput of a short phase moves with a few requests' timing."""
-    acc: dict[str, list[StepStats]] = defaultdict(list)
+    acc: dict[str, list[StepFeedback]] = defaultdict(list)
     end = windows[-1][2] if windows else 0.0
     run_end = max(end, unix1 - unix0) if unix1 is not None else end
     last = end
@@ -195,22 +195,22 @@ def step_phase_stats(
             "mean_batch": statistics.fmean(s.batch_size for s in ss) if ss else None,
             "acceptance": sum(s.num_accepted_tokens for s in ss) / drafted if drafted else None,
             "window_tok_s": sum(s.tokens_emitted for s in ss) / span[name] if span[name] > 0 else None,
-            "busy_s": sum(s.step_time_s + s.catchup_s for s in ss),
-            "prompt_tokens": float(sum(s.num_prefill_tokens for s in ss)),
-            "prompt_tokens_draft_on": float(sum(s.num_prefill_tokens for s in ss if s.gamma > 0)),
+            "busy_s": sum(s.step_time_s + s.switch_cost_s for s in ss),
+            "prompt_tokens": float(sum(s.prefill_tokens for s in ss)),
+            "prompt_tokens_draft_on": float(sum(s.prefill_tokens for s in ss if s.gamma > 0)),
         }
     return out
 
 
-def steps_between(steps: Iterable[StepStats], unix0: float, unix1: float) -> list[StepStats]:
+def steps_between(steps: Iterable[StepFeedback], unix0: float, unix1: float) -> list[StepFeedback]:
     return [s for s in steps if unix0 <= s.time < unix1]
 
 
 def binned(
-    steps: Sequence[StepStats], unix0: float, bin_s: float = 1.0
+    steps: Sequence[StepFeedback], unix0: float, bin_s: float = 1.0
 ) -> list[tuple[float, float, float]]:
     """(bin start s, mean gamma, tokens/s) per ``bin_s`` bin of the step log (empty bins skipped)."""
-    bins: dict[int, list[StepStats]] = defaultdict(list)
+    bins: dict[int, list[StepFeedback]] = defaultdict(list)
     for s in steps:
         if s.time >= unix0:
             bins[int((s.time - unix0) // bin_s)].append(s)
@@ -223,14 +223,14 @@ def binned(
 # --- what the run's own step log says about the cost surface ----------------------------------------
 
 
-def _decode_steps(steps: Iterable[StepStats]) -> list[StepStats]:
+def _decode_steps(steps: Iterable[StepFeedback]) -> list[StepFeedback]:
     """Pure decode steps (no prefill tokens in the step): the cost surface the planner trades on,
     keyed by the requests the step ran (``num_reqs``; ``batch_size`` is the policy's context, which
     also counts requests still waiting)."""
-    return [s for s in steps if s.num_prefill_tokens == 0 and s.num_reqs >= 1 and s.step_time_s > 0]
+    return [s for s in steps if s.prefill_tokens == 0 and s.num_reqs >= 1 and s.step_time_s > 0]
 
 
-def cell_times(steps: Iterable[StepStats]) -> dict[tuple[int, int], list[float]]:
+def cell_times(steps: Iterable[StepFeedback]) -> dict[tuple[int, int], list[float]]:
     """{(batch, gamma): [step seconds]} over pure decode steps."""
     out: dict[tuple[int, int], list[float]] = defaultdict(list)
     for s in _decode_steps(steps):
@@ -238,10 +238,10 @@ def cell_times(steps: Iterable[StepStats]) -> dict[tuple[int, int], list[float]]
     return out
 
 
-def acceptance_alpha(steps: Iterable[StepStats]) -> float | None:
+def acceptance_alpha(steps: Iterable[StepFeedback]) -> float | None:
     """Per-token acceptance of the geometric model, from the largest gamma's decode steps: mean
     accepted drafts per request-step inverted (the planner's own inversion)."""
-    by_g: dict[int, list[StepStats]] = defaultdict(list)
+    by_g: dict[int, list[StepFeedback]] = defaultdict(list)
     for s in steps:
         if s.gamma > 0 and s.num_draft_tokens > 0:
             by_g[s.gamma].append(s)
@@ -253,7 +253,7 @@ def acceptance_alpha(steps: Iterable[StepStats]) -> float | None:
     return invert_acceptance(accepted / (drafted / g), g)
 
 
-def draft_prefill_cost(steps: Sequence[StepStats], min_steps: int = 3) -> float:
+def draft_prefill_cost(steps: Sequence[StepFeedback], min_steps: int = 3) -> float:
     """Seconds the running draft adds per prompt token prefilled in a step: the least-squares slope
     of step time on prompt tokens over the steps that carried prompts with the draft on (gamma > 0),
     minus the same slope with it off. 0 when a state has fewer than ``min_steps`` such steps or a
@@ -262,8 +262,8 @@ def draft_prefill_cost(steps: Sequence[StepStats], min_steps: int = 3) -> float:
 
     slopes = []
     for on in (False, True):
-        pts = [(s.num_prefill_tokens, s.step_time_s) for s in steps
-               if s.num_prefill_tokens > 0 and (s.gamma > 0) == on]
+        pts = [(s.prefill_tokens, s.step_time_s) for s in steps
+               if s.prefill_tokens > 0 and (s.gamma > 0) == on]
         if len(pts) < min_steps or len({x for x, _ in pts}) < 2:
             return 0.0
         x, y = np.array(pts, dtype=float).T
@@ -271,14 +271,14 @@ def draft_prefill_cost(steps: Sequence[StepStats], min_steps: int = 3) -> float:
     return max(0.0, slopes[1] - slopes[0])
 
 
-def prompt_per_output(steps: Sequence[StepStats]) -> float:
+def prompt_per_output(steps: Sequence[StepFeedback]) -> float:
     """The workload's prompt tokens prefilled per token generated, over all steps (0 if none)."""
     gen = sum(s.tokens_emitted for s in steps)
-    return sum(s.num_prefill_tokens for s in steps) / gen if gen > 0 else 0.0
+    return sum(s.prefill_tokens for s in steps) / gen if gen > 0 else 0.0
 
 
 def profile_from_steps(
-    steps: Sequence[StepStats],
+    steps: Sequence[StepFeedback],
     gammas: Sequence[int],
     *,
     name: str,
@@ -317,7 +317,7 @@ def profile_from_steps(
         raise ValueError(f"the batch sizes of every gamma {gs} do not overlap ({lo} > {hi})")
     rows = [(b, [float(np.interp(b, [x for x, _ in pts[g]], [y for _, y in pts[g]])) for g in gs]) for b in grid]
     alpha = acceptance_alpha(steps)
-    fixed, per_tok = fit_switch_cost([(s.catchup_tokens, s.catchup_s) for s in steps if s.catchup_s > 0])
+    fixed, per_tok = fit_switch_cost([(s.catchup_tokens or 0, s.switch_cost_s) for s in steps if s.switch_cost_s > 0])
     return CostProfile(
         name=name, device=device, target=target, draft=draft, block_tokens=block_tokens,
         kv_blocks_total=max(1, kv_blocks_total), kv_block_bytes=max(1, kv_block_bytes),
@@ -329,7 +329,7 @@ def profile_from_steps(
     )
 
 
-def best_gamma_per_batch(steps: Iterable[StepStats], min_steps: int = 3) -> dict[int, int]:
+def best_gamma_per_batch(steps: Iterable[StepFeedback], min_steps: int = 3) -> dict[int, int]:
     """The offline sweep vLLM's Dynamic SD docs suggest, per batch size: the gamma whose decode steps
     produced the most tokens per second (ratio of sums; gamma 0 = no-SD). Only batch sizes where at
     least two gammas have ``min_steps`` steps."""

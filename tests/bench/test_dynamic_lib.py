@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from nightjar_worker.engine.step_stats import StepStats
 from nightjar_worker.loadgen import RequestRecord, arrival_times
+from nightjar_worker.planner.policy import StepFeedback
 
 from benchmarks import dynamic_lib as dl
 
@@ -62,9 +62,9 @@ def test_per_phase_summary_groups_by_arrival_phase():
     assert s["overall"]["error_messages"] == ["high +5.0s: boom"]
 
 
-def step(t: float, b: int, g: int, dt: float, toks: int, acc: int = 0, prefill: int = 0, **kw) -> StepStats:
-    return StepStats(step=0, batch_size=b, num_reqs=b, gamma=g, step_time_s=dt, tokens_emitted=toks,
-                     num_draft_tokens=g * b, num_accepted_tokens=acc, num_prefill_tokens=prefill, time=t, **kw)
+def step(t: float, b: int, g: int, dt: float, toks: int, acc: int = 0, prefill: int = 0, **kw) -> StepFeedback:
+    return StepFeedback(step=0, batch_size=b, num_reqs=b, gamma=g, step_time_s=dt, tokens_emitted=toks,
+                     num_draft_tokens=g * b, num_accepted_tokens=acc, prefill_tokens=prefill, time=t, **kw)
 
 
 def test_step_phase_stats_per_window():
@@ -80,7 +80,7 @@ def test_step_phase_stats_per_window():
     assert s["low"]["window_tok_s"] == pytest.approx(1 / 10) and s["high"]["window_tok_s"] == pytest.approx(16 / 10)
     assert s["saw"]["window_tok_s"] == pytest.approx(2 / 10) and s["overall"]["window_tok_s"] == pytest.approx(20 / 40)
     # where the time went: step times plus catch-ups, prompt tokens prefilled with the draft on / all
-    p = dl.step_phase_stats([step(101, 4, 2, 0.5, 4, prefill=90, catchup_s=0.25), step(102, 4, 0, 0.2, 4, prefill=30),
+    p = dl.step_phase_stats([step(101, 4, 2, 0.5, 4, prefill=90, switch_cost_s=0.25), step(102, 4, 0, 0.2, 4, prefill=30),
                              step(103, 4, 1, 0.3, 6)], 100.0, w)
     assert p["low"]["busy_s"] == pytest.approx(1.25)
     assert (p["low"]["prompt_tokens_draft_on"], p["low"]["prompt_tokens"]) == (90, 120)
@@ -95,7 +95,7 @@ def test_binned_timeline():
     assert dl.binned(steps, 10.0) == [(0.0, 3.0, 4.0), (2.0, 0.0, 1.0)]
 
 
-def sweep_steps() -> list[StepStats]:
+def sweep_steps() -> list[StepFeedback]:
     """Synthetic no-SD + static sweep: T(b, g) = 0.01 * b + 0.004 * g, alpha = 0.5; speculation pays at
     batch 1 and not at batch 8."""
     out, t = [], 0.0
@@ -108,8 +108,8 @@ def sweep_steps() -> list[StepStats]:
                 acc_per_req = sum(a**i for i in range(1, g + 1))
                 out.append(step(t, b, g, dt, round(b * (1 + acc_per_req)), acc=round(b * acc_per_req)))
     out.append(step(t + 1, 4, 2, 9.9, 4, prefill=100))  # prefill steps are ignored
-    out.append(step(t + 2, 1, 2, 0.05, 2, catchup_s=0.02, catchup_tokens=10))
-    out.append(step(t + 3, 1, 2, 0.05, 2, catchup_s=0.04, catchup_tokens=30))
+    out.append(step(t + 2, 1, 2, 0.05, 2, switch_cost_s=0.02, catchup_tokens=10))
+    out.append(step(t + 3, 1, 2, 0.05, 2, switch_cost_s=0.04, catchup_tokens=30))
     return out
 
 
@@ -127,7 +127,7 @@ def test_profile_from_steps_and_oracle():
 def test_the_draft_prefill_measured_in_the_sweep_prices_speculation():
     # Prompt steps: the target prefills at 20 ms/token, the draft adds 10 ms/token when on. Charged per
     # generated token at the sweep's prompt/output ratio, that outweighs gamma 1's small gain at batch 1.
-    decode = [s for s in sweep_steps() if s.num_prefill_tokens == 0]
+    decode = [s for s in sweep_steps() if s.prefill_tokens == 0]
     prompts = [step(100 + i, 4, g, 0.05 + (0.02 + 0.01 * (g > 0)) * p, 4, prefill=p)
                for i, (g, p) in enumerate((g, p) for g in (0, 2) for p in (100, 200, 300, 150))]
     steps = decode + prompts

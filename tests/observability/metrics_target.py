@@ -34,7 +34,7 @@ slo:
 def main() -> int:
     port, workdir = int(sys.argv[1]), Path(sys.argv[2])
     from nightjar_worker.engine.control import EngineControl
-    from nightjar_worker.engine.step_stats import StepStats
+    from nightjar_worker.planner.policy import StepFeedback
     from nightjar_worker.sim.profile import CostProfile
 
     cfg = workdir / "nightjar.yaml"
@@ -65,9 +65,9 @@ def main() -> int:
             switch = profile.switch_cost(steps_at_zero)
         steps_at_zero = steps_at_zero + 1 if gamma == 0 else 0
         n += 1
-        ctl.observe(StepStats(step=n, batch_size=batch, num_reqs=batch, gamma=gamma, step_time_s=step,
+        ctl.observe(StepFeedback(step=n, batch_size=batch, num_reqs=batch, gamma=gamma, step_time_s=step,
                               tokens_emitted=batch + accepted, num_draft_tokens=gamma * batch,
-                              num_accepted_tokens=accepted, catchup_s=switch))
+                              num_accepted_tokens=accepted, switch_cost_s=switch))
         prev_gamma = gamma
         if not go.exists():
             time.sleep(0.004)

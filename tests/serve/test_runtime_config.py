@@ -180,7 +180,7 @@ def test_policy_holder_rebuilds_on_policy_change_and_keeps_state_otherwise(tmp_p
 
 def test_engine_control_records_metrics_and_applies_updates(tmp_path, monkeypatch):
     from nightjar_worker.engine.control import EngineControl
-    from nightjar_worker.engine.step_stats import StepStats
+    from nightjar_worker.planner.policy import StepFeedback
 
     monkeypatch.delenv("NIGHTJAR_FORCE_GAMMA", raising=False)
     path = tmp_path / "c.yaml"
@@ -189,7 +189,7 @@ def test_engine_control_records_metrics_and_applies_updates(tmp_path, monkeypatc
     steps0 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g)}) or 0 for g in range(5))
     for i in range(20):
         g, _ = ctl.decide(1)
-        ctl.observe(StepStats(step=i, batch_size=1, num_reqs=1, gamma=g, step_time_s=0.01, tokens_emitted=1 + g,
+        ctl.observe(StepFeedback(step=i, batch_size=1, num_reqs=1, gamma=g, step_time_s=0.01, tokens_emitted=1 + g,
                               num_draft_tokens=g, num_accepted_tokens=g))
     steps1 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g)}) or 0 for g in range(5))
     assert steps1 - steps0 == 20
@@ -216,7 +216,7 @@ def test_engine_control_counts_prior_conflicts(tmp_path, monkeypatch):
     # A worker twice as slow as its priors on every arm: the planner rescales them to its level
     # (nightjar_planner_prior_conflicts_total{action="rescaled"}), after dropping the first arm tried.
     from nightjar_worker.engine.control import EngineControl
-    from nightjar_worker.engine.step_stats import StepStats
+    from nightjar_worker.planner.policy import StepFeedback
 
     monkeypatch.delenv("NIGHTJAR_FORCE_GAMMA", raising=False)
     loss = {0: 0.049, 1: 0.058, 2: 0.065, 3: 0.073, 4: 0.082}
@@ -230,7 +230,7 @@ def test_engine_control_counts_prior_conflicts(tmp_path, monkeypatch):
     for i in range(300):
         g, _ = ctl.decide(16)
         tokens = 16 + 8 * g  # half of the drafts accepted
-        ctl.observe(StepStats(step=i, batch_size=16, num_reqs=16, gamma=g, step_time_s=2 * loss[g] * tokens * (1 + 0.02 * (i % 3 - 1)),
+        ctl.observe(StepFeedback(step=i, batch_size=16, num_reqs=16, gamma=g, step_time_s=2 * loss[g] * tokens * (1 + 0.02 * (i % 3 - 1)),
                               tokens_emitted=tokens, num_draft_tokens=16 * g, num_accepted_tokens=8 * g))
     stats = ctl.policy.stats
     assert stats.prior_rescales >= 1

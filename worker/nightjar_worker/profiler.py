@@ -129,10 +129,10 @@ class Profiler:
                 steps = self.run(texts, tokens)
                 want = b * g
                 sel = [s.step_time_s for s in steps
-                       if s.num_reqs == b and s.num_prefill_tokens == 0 and s.catchup_s == 0
+                       if s.num_reqs == b and s.prefill_tokens == 0 and s.switch_cost_s == 0
                        and s.num_draft_tokens == want]
                 if not sel:  # acceptance made requests finish unevenly: take the full-batch decode steps
-                    sel = [s.step_time_s for s in steps if s.num_reqs == b and s.num_prefill_tokens == 0]
+                    sel = [s.step_time_s for s in steps if s.num_reqs == b and s.prefill_tokens == 0]
                 t = statistics.median(sel)
                 row.append(t)
                 print(f"  T(b={b:3d}, g={g}) = {t * 1e3:8.2f} ms  ({len(sel)} steps, load {_load_avg()})", flush=True)
@@ -192,10 +192,10 @@ class Profiler:
                 self.force(f"{self.k}x1,0x{off},{self.k}x1000")
                 steps = self.run(texts, (self.k + 1) + off + (self.k + 1) + 2)
                 for s in steps:
-                    if s.catchup_tokens > 0 and s.catchup_s > 0:
-                        pts.append((s.catchup_tokens, s.catchup_s))
+                    if (s.catchup_tokens or 0) > 0 and s.switch_cost_s > 0:
+                        pts.append((s.catchup_tokens, s.switch_cost_s))
                         print(f"  C_switch b={b:2d} off={off:3d}: {s.catchup_tokens:4d} tokens "
-                              f"{s.catchup_s * 1e3:8.2f} ms", flush=True)
+                              f"{s.switch_cost_s * 1e3:8.2f} ms", flush=True)
         return pts
 
     def memory(self) -> dict[str, int]:

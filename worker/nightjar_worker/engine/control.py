@@ -7,7 +7,7 @@ Runs in vLLM's EngineCore process. Environment:
   NIGHTJAR_SNAPSHOT_S    how often the planner's estimates go to /metrics (default 1.0 s)
   NIGHTJAR_PROFILE       optional CostProfile JSON (needed by policies 'dsd' and 'oracle')
   NIGHTJAR_FORCE_GAMMA   forced cycled schedule, e.g. "0x5,4x5" (overrides the policy; tests)
-  NIGHTJAR_STEP_LOG      append every StepStats as a JSON line to this file
+  NIGHTJAR_STEP_LOG      append every step's record as a JSON line to this file
   NIGHTJAR_SCHEDULER_HOOK "module:function" called with the scheduler once it is built
 """
 
@@ -22,17 +22,17 @@ from collections.abc import Callable
 from typing import Any
 
 from nightjar_worker.engine.forced import ForcedSchedulePolicy
-from nightjar_worker.engine.step_stats import JsonlSink, StepStats
+from nightjar_worker.engine.step_stats import JsonlSink
 from nightjar_worker.planner.policy import GammaPolicy, PlannerView, StepFeedback
 
 log = logging.getLogger("nightjar.engine")
 
-StepListener = Callable[[StepStats], None]
+StepListener = Callable[[StepFeedback], None]
 _listeners: list[StepListener] = []
 
 
 def add_step_listener(fn: StepListener) -> None:
-    """Call ``fn(StepStats)`` after every step of every NightjarScheduler in this process."""
+    """Call ``fn(StepFeedback)`` after every step of every NightjarScheduler in this process."""
     _listeners.append(fn)
 
 
@@ -58,7 +58,7 @@ class EngineControl:
 
         gamma, decide_s = ctl.decide(batch_size, prompt_tokens)  # policy.decide under the lock, clamped to [0, K]
         ...run the step...
-        ctl.observe(StepStats(...))                 # policy.observe + per-step nightjar_* metrics
+        ctl.observe(StepFeedback(...))              # policy.observe + per-step nightjar_* metrics
 
     Both take ``ctl.lock`` (shared with the config watcher) so an update never lands mid-decision.
     The planner's ``snapshot()`` goes to ``nightjar_planner_loss_seconds``/``_count`` at most every
@@ -157,22 +157,10 @@ class EngineControl:
                 return self.policy.speculation_gain_s(b), self.policy.switch_cost_s(b)
         return None, 0.0
 
-    def observe(self, stats: StepStats) -> None:
-        fb = StepFeedback(
-            batch_size=max(1, stats.batch_size),
-            gamma=stats.gamma,
-            step_time_s=stats.step_time_s,
-            tokens_emitted=stats.tokens_emitted,
-            num_draft_tokens=stats.num_draft_tokens,
-            num_accepted_tokens=stats.num_accepted_tokens,
-            switch_cost_s=stats.catchup_s,
-            prefill_tokens=stats.num_prefill_tokens,
-            draft_lag_tokens=stats.draft_lag_tokens if stats.draft_lag_tokens >= 0 else None,
-            catchup_tokens=stats.catchup_tokens if stats.catchup_s > 0 else None,
-        )
+    def observe(self, rec: StepFeedback) -> None:
         now = time.monotonic()
         with self.lock:
-            self.policy.observe(fb)
+            self.policy.observe(rec)
             view = self.policy if isinstance(self.policy, PlannerView) else None
             conflicts = (view.stats.priors_dropped, view.stats.prior_rescales) if view is not None else None
             snap = gate_closed = draft_prefill = None
@@ -182,9 +170,9 @@ class EngineControl:
                 gate_closed = view.acceptance_gate_closed()
                 draft_prefill = view.draft_prefill_per_token()
         if self.metrics is not None:
-            self.metrics.observe_step(stats.gamma, stats.batch_size, stats.num_draft_tokens, stats.num_accepted_tokens)
-            if stats.catchup_s > 0:
-                self.metrics.observe_switch_cost(stats.catchup_s)
+            self.metrics.observe_step(rec.gamma, rec.batch_size, rec.num_draft_tokens, rec.num_accepted_tokens)
+            if rec.switch_cost_s > 0:
+                self.metrics.observe_switch_cost(rec.switch_cost_s)
             if conflicts is not None:
                 self.metrics.observe_prior_conflicts(*conflicts)
             if snap is not None:
@@ -194,10 +182,10 @@ class EngineControl:
             if draft_prefill is not None:
                 self.metrics.set_draft_prefill(draft_prefill)
         if self._sink is not None:
-            self._sink(stats)
+            self._sink(rec)
         for fn in list(_listeners):
             try:
-                fn(stats)
+                fn(rec)
             except Exception:  # noqa: BLE001 - a listener must never break the engine
                 log.exception("nightjar: step listener failed")
 

@@ -13,10 +13,10 @@ Step contract (see ``nightjar_worker.planner.policy``):
      propose for the next step. gamma == 0 makes the runner skip the draft model entirely (no
      forward); when gamma > 0 follows gamma == 0 the runner first catches the draft's KV cache up
      on the tokens it missed (``catchup.py``).
-  2. ``update_from_output()``: a ``StepStats`` is built (wall time from the start of ``schedule`` to
-     the start of ``update_from_output``, catch-up excluded; tokens emitted by the whole batch;
-     drafts verified and accepted; catch-up time from the worker) and fed back to the policy as
-     ``StepFeedback`` with ``switch_cost_s`` = catch-up time (C_switch).
+  2. ``update_from_output()``: the step's one record, a ``StepFeedback``, is built (wall time from
+     the start of ``schedule`` to the start of ``update_from_output``, catch-up excluded; tokens
+     emitted by the whole batch; drafts verified and accepted; ``switch_cost_s`` = the worker's
+     catch-up time, C_switch) and goes to the policy, the metrics, the listeners and the step log.
 
 vLLM marks the scheduler interface as not public: ``version.py`` pins ``0.32.*`` and refuses others.
 CPU (and our hooks) run the synchronous scheduler; async scheduling must be off (``engine_args.py``).
@@ -121,7 +121,7 @@ class NightjarScheduler(Scheduler):
         return result
 
     def _feedback(self, inflight: tuple, t1: float, so: Any, mro: Any) -> None:
-        from nightjar_worker.engine.step_stats import StepStats
+        from nightjar_worker.planner.policy import StepFeedback
 
         _, t0, gamma, batch, decide_s, prompt = inflight
         tokens = drafts = accepted = prefill = 0
@@ -147,26 +147,27 @@ class NightjarScheduler(Scheduler):
             prefill += max(0, n_sched - 1 - n_spec)
         worker = getattr(mro, "nightjar_stats", None) or {}
         catchup_s = float(worker.get("catchup_s", 0.0))
-        stats = StepStats(
-            step=self.nightjar_step,
-            batch_size=batch,
-            num_reqs=len(so.num_scheduled_tokens),
+        lag = int(worker.get("draft_lag_tokens", -1))
+        rec = StepFeedback(
+            batch_size=max(1, batch),
             gamma=gamma,
             step_time_s=max(1e-9, (t1 - t0) - catchup_s),
             tokens_emitted=tokens,
             num_draft_tokens=drafts,
             num_accepted_tokens=accepted,
-            catchup_s=catchup_s,
-            catchup_tokens=int(worker.get("catchup_tokens", 0)),
+            switch_cost_s=catchup_s,
+            prefill_tokens=prefill,
+            draft_lag_tokens=lag if lag >= 0 else None,
+            catchup_tokens=int(worker["catchup_tokens"]) if "catchup_tokens" in worker else None,
+            step=self.nightjar_step,
+            num_reqs=len(so.num_scheduled_tokens),
             draft_forwards=int(worker.get("draft_forwards", 0)),
-            num_prefill_tokens=prefill,
             decide_prompt_tokens=prompt,
-            draft_lag_tokens=int(worker.get("draft_lag_tokens", -1)),
             decide_s=decide_s,
             time=time.time(),
         )
         self.nightjar_step += 1
-        self.nightjar_control.observe(stats)
+        self.nightjar_control.observe(rec)
 
     def shutdown(self) -> None:
         if self.nightjar_control is not None:

@@ -6,7 +6,7 @@ planner prices that per step (``PlannerConfig.step_prefill_price``). This walks 
 vLLM's scheduler admits work: running requests first (a partly prefilled prompt continues as a
 chunk, a decoding one takes a token), then waiting ones in queue order while batch slots and the
 token budget last. It counts the positions each prefilling request computes less the one that
-samples its first token, as ``StepStats.num_prefill_tokens`` does; ``cached(request)`` gives a
+samples its first token, as ``StepFeedback.prefill_tokens`` does; ``cached(request)`` gives a
 waiting request's prefix-cache hit (the scheduler's lookup). It cannot see a KV cache too full to
 admit, so it over-estimates then; the step log records both figures. Duck-typed on vLLM's
 ``Request`` (``num_tokens``, ``num_computed_tokens``): no vllm import.

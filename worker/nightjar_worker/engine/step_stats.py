@@ -1,10 +1,8 @@
-"""One record per decoding step (plain dataclass, vLLM style), plus its JSONL sink.
+"""The step log: every step's record (``StepFeedback``) as a JSON line, and reading it back.
 
-Step time is measured in the EngineCore from the start of ``Scheduler.schedule()`` to the start of
-``Scheduler.update_from_output()`` for the same step: on the synchronous CPU engine that spans
-scheduling, the target forward (verification), sampling and the draft proposal for the next step,
-and excludes idle time between steps. ``catchup_s`` (draft KV catch-up, measured in the worker) is
-reported separately as C_switch and subtracted from ``step_time_s``.
+Logs written before the record was unified used the engine's own field names (``catchup_s``,
+``num_prefill_tokens``, ``-1``/``0`` for unknown lag and catch-up tokens); ``read_jsonl`` reads
+both, so committed benchmark logs stay readable.
 """
 
 from __future__ import annotations
@@ -12,53 +10,51 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from typing import Any
+
+from nightjar_worker.planner.policy import StepFeedback
+
+_RENAMED = {"catchup_s": "switch_cost_s", "num_prefill_tokens": "prefill_tokens"}
 
 
-@dataclass(slots=True)
-class StepStats:
-    step: int
-    batch_size: int  # the policy's context: running + waiting requests (capped at max_num_seqs) when gamma was decided
-    num_reqs: int  # requests scheduled this step
-    gamma: int  # decided gamma (drafts proposed for the next step; verification trimmed to it)
-    step_time_s: float  # wall time of the step, catch-up excluded
-    tokens_emitted: int  # tokens generated for the whole batch (accepted drafts + bonus/AR token)
-    num_draft_tokens: int  # drafts verified this step
-    num_accepted_tokens: int
-    catchup_s: float = 0.0  # draft KV catch-up time (C_switch), charged to this step
-    catchup_tokens: int = 0  # tokens the draft re-processed in the catch-up
-    draft_forwards: int = 0  # draft model forward calls in this step (0 at gamma == 0)
-    num_prefill_tokens: int = 0  # scheduled tokens of requests still prefilling
-    decide_prompt_tokens: int = 0  # the estimate of num_prefill_tokens the policy decided with
-    draft_lag_tokens: int = -1  # gamma == 0: positions of running requests the draft lacks (-1: unknown)
-    decide_s: float = 0.0  # policy.decide wall time
-    time: float = 0.0  # unix time at the end of the step
+def to_json(rec: StepFeedback) -> str:
+    return json.dumps(asdict(rec))
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
+
+def from_dict(d: dict[str, Any]) -> StepFeedback:
+    """A record from a log line, old field names included."""
+    legacy = "catchup_s" in d
+    d = {_RENAMED.get(k, k): v for k, v in d.items()}
+    if legacy:
+        if d.get("draft_lag_tokens", -1) < 0:
+            d["draft_lag_tokens"] = None
+        if d.get("switch_cost_s", 0.0) <= 0:
+            d["catchup_tokens"] = None
+    return StepFeedback(**d)
 
 
 class JsonlSink:
-    """Appends StepStats as JSON lines (env ``NIGHTJAR_STEP_LOG``); line-buffered, thread-safe."""
+    """Appends records as JSON lines (env ``NIGHTJAR_STEP_LOG``); line-buffered, thread-safe."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._lock = threading.Lock()
         self._f = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in close()
 
-    def __call__(self, stats: StepStats) -> None:
+    def __call__(self, rec: StepFeedback) -> None:
         with self._lock:
-            self._f.write(stats.to_json() + "\n")
+            self._f.write(to_json(rec) + "\n")
 
     def close(self) -> None:
         with self._lock:
             self._f.close()
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> list[StepStats]:
+def read_jsonl(path: str | os.PathLike[str]) -> list[StepFeedback]:
     out = []
     with open(path) as f:
         for line in f:
             if line.strip():
-                out.append(StepStats(**json.loads(line)))
+                out.append(from_dict(json.loads(line)))
     return out

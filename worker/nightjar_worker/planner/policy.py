@@ -26,7 +26,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class StepFeedback:
-    """What the engine measured for one decoding step."""
+    """One decoding step as the engine measured it: the one record, built once by the scheduler
+    and read by the policy, the step listeners (memory manager, benchmarks), the metrics and the
+    step log (``engine/step_stats.py``).
+
+    ``step_time_s`` runs from the start of ``Scheduler.schedule()`` to the start of
+    ``update_from_output()`` for the same step, the draft's catch-up (``switch_cost_s``, measured in
+    the worker) excluded."""
 
     batch_size: int
     gamma: int
@@ -44,6 +50,13 @@ class StepFeedback:
     # resume steps: tokens the draft re-processed in its catch-up (what switch_cost_s paid for);
     # None if the engine cannot tell (the policy then uses its own count of what was missed)
     catchup_tokens: int | None = None
+    # engine bookkeeping (step log, metrics, benchmarks; the policies ignore it)
+    step: int = 0
+    num_reqs: int = 0  # requests scheduled (batch_size is the context gamma was decided at)
+    draft_forwards: int = 0  # draft model forward calls in the worker (0 at gamma == 0)
+    decide_prompt_tokens: int = 0  # the estimate of prefill_tokens the policy decided with
+    decide_s: float = 0.0  # policy.decide wall time
+    time: float = 0.0  # unix time at the end of the step
 
     @property
     def loss(self) -> float:
