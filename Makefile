@@ -28,14 +28,15 @@ $(STAMP): pyproject.toml
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton || true
 	touch $@
 
-lint: install ## ruff
-	$(VENV)/bin/ruff check worker operator tests benchmarks
+lint: install ## ruff, and mypy (strict) on the contract, the planner and the operator's reconcile code
+	$(VENV)/bin/ruff check worker operator contract tests benchmarks
+	$(VENV)/bin/mypy -p nightjar_contract -p nightjar_worker.planner -p nightjar_operator.reconcile
 
 # Each area adds what its tests need (models, apiserver binaries, ...) to TEST_DEPS in mk/*.mk.
 TEST_DEPS :=
 -include mk/*.mk
 
-test: install $(TEST_DEPS) ## the full test suite (CI runs exactly this)
+test: install lint $(TEST_DEPS) ## lint, then the full test suite (CI runs exactly this)
 	$(VENV)/bin/pytest -q
 
 test-fast: install ## pure-logic tests only (no engine, no cluster)

@@ -54,47 +54,47 @@ class PlannerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     policy: PolicyName = "nightjar"
-    max_gamma: int = Field(4, description="K: the largest speculation length (arms are 0..K)")
+    max_gamma: int = Field(4, ge=0, le=64, description="K: the largest speculation length (arms are 0..K)")
     arms: list[int] | None = Field(None, description="subset of 0..K; default all")
     bucket_edges: list[int] | None = Field(
         None, description="ascending lower edges of batch-size buckets; default log-spaced up to max_batch"
     )
-    max_batch: int = 256
+    max_batch: int = Field(256, ge=1)
     static_gamma: int | None = Field(None, description="gamma for policy 'static' (default K)")
     gamma_table: dict[int, int] | None = Field(
         None, description="batch size -> gamma (vLLM num_speculative_tokens_per_batch_size semantics)"
     )
-    switch_cost_s: float | None = Field(None, description="override the measured C_switch (seconds)")
-    slo_tpot_s: float | None = Field(None, description="TPOT target (seconds/token) the arm must respect")
+    switch_cost_s: float | None = Field(None, ge=0, description="override the measured C_switch (seconds)")
+    slo_tpot_s: float | None = Field(None, gt=0, description="TPOT target (seconds/token) the arm must respect")
     seed: int = 0
 
     # Exploration knobs (Nightjar), all runtime-updatable.
     explore_scale: float = Field(
-        1.0, description="a bin explores with probability min(1, explore_scale / sqrt(bin index))"
+        1.0, ge=0, description="a bin explores with probability min(1, explore_scale / sqrt(bin index))"
     )
-    explore_floor: float = Field(0.0, description="lower bound on the per-bin exploration probability")
+    explore_floor: float = Field(0.0, ge=0, description="lower bound on the per-bin exploration probability")
     max_block_exp: int = Field(
-        12, description="blocks grow as 2^(b-1) steps up to 2^max_block_exp (keeps tracking under drift)"
+        12, ge=1, description="blocks grow as 2^(b-1) steps up to 2^max_block_exp (keeps tracking under drift)"
     )
     share_neighbours: bool = Field(True, description="pool evidence from neighbouring batch buckets")
     monotone_prior: bool = Field(
         True, description="prior: the best gamma does not grow with batch size (used to prune exploration)"
     )
     hysteresis: float = Field(
-        0.02, description="relative margin a challenger arm must beat the incumbent by before switching"
+        0.02, ge=0, description="relative margin a challenger arm must beat the incumbent by before switching"
     )
     discount: float = Field(
-        0.9995, description="per-observation decay of old evidence (1.0 = stationary)"
+        0.9995, ge=0.5, le=1.0, description="per-observation decay of old evidence (1.0 = stationary)"
     )
     switch_amortise_steps: int = Field(
-        32, description="steps over which C_switch charged to a 0->k decision is amortised"
+        32, ge=1, description="steps over which C_switch charged to a 0->k decision is amortised"
     )
     eliminate: bool = Field(
         True, description="explore only arms whose confidence interval overlaps the best arm's"
     )
-    confidence_z: float = Field(2.0, description="width of those confidence intervals in standard errors")
+    confidence_z: float = Field(2.0, ge=0, description="width of those confidence intervals in standard errors")
     share_weight: float = Field(
-        2.0, description="pseudo-count of evidence transferred from each neighbouring bucket"
+        2.0, ge=0, description="pseudo-count of evidence transferred from each neighbouring bucket"
     )
     growing_window: bool = Field(
         True, description="forget early evidence at rate 1/(t+10) per observation (cold-start transients)"
@@ -128,69 +128,16 @@ class PlannerConfig(BaseModel):
         4096, ge=1, description="half-life of the gate's pooled counts (steps): it re-opens to re-probe"
     )
     prior_max_count: float = Field(
-        64.0, description="upper bound on the pseudo-count of an injected prior per bucket and arm"
+        64.0, ge=0, description="upper bound on the pseudo-count of an injected prior per bucket and arm"
     )
     paper_mode: bool = Field(
         False, description="ablation: the paper's per-bucket scheme only (no sharing, no pruning, no hysteresis)"
     )
 
-    @field_validator("max_gamma")
-    @classmethod
-    def _k(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError(f"max_gamma: K must be >= 0 (got {v})")
-        if v > 64:
-            raise ValueError(f"max_gamma: K must be <= 64 (got {v})")
-        return v
-
-    @field_validator("max_batch")
-    @classmethod
-    def _mb(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"max_batch: must be >= 1 (got {v})")
-        return v
-
     @field_validator("bucket_edges")
     @classmethod
     def _edges(cls, v: list[int] | None) -> list[int] | None:
         return None if v is None else _check_edges("bucket_edges", v)
-
-    @field_validator("switch_cost_s")
-    @classmethod
-    def _sw(cls, v: float | None) -> float | None:
-        if v is not None and v < 0:
-            raise ValueError(f"switch_cost_s: must be >= 0 (got {v})")
-        return v
-
-    @field_validator("slo_tpot_s")
-    @classmethod
-    def _slo(cls, v: float | None) -> float | None:
-        if v is not None and not v > 0:
-            raise ValueError(f"slo_tpot_s: must be > 0 (got {v})")
-        return v
-
-    @field_validator(
-        "explore_scale", "explore_floor", "hysteresis", "confidence_z", "share_weight", "prior_max_count"
-    )
-    @classmethod
-    def _nonneg(cls, v: float, info) -> float:
-        if v < 0:
-            raise ValueError(f"{info.field_name}: must be >= 0 (got {v})")
-        return v
-
-    @field_validator("discount")
-    @classmethod
-    def _disc(cls, v: float) -> float:
-        if not 0.5 <= v <= 1.0:
-            raise ValueError(f"discount: must be in [0.5, 1.0] (got {v})")
-        return v
-
-    @field_validator("max_block_exp", "switch_amortise_steps")
-    @classmethod
-    def _pos(cls, v: int, info) -> int:
-        if v < 1:
-            raise ValueError(f"{info.field_name}: must be >= 1 (got {v})")
-        return v
 
     @model_validator(mode="after")
     def _cross(self) -> PlannerConfig:
@@ -234,30 +181,9 @@ class PriorEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     bucket_lo: int = Field(description="a bucket lower edge from PlannerPriors.bucket_edges")
-    gamma: int
-    mean_loss_s: float
-    count: float = 1.0
-
-    @field_validator("gamma")
-    @classmethod
-    def _g(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError(f"gamma: must be >= 0 (got {v})")
-        return v
-
-    @field_validator("mean_loss_s")
-    @classmethod
-    def _m(cls, v: float) -> float:
-        if not v > 0:
-            raise ValueError(f"mean_loss_s: must be > 0 (got {v})")
-        return v
-
-    @field_validator("count")
-    @classmethod
-    def _c(cls, v: float) -> float:
-        if v < 0:
-            raise ValueError(f"count: must be >= 0 (got {v})")
-        return v
+    gamma: int = Field(ge=0)
+    mean_loss_s: float = Field(gt=0)
+    count: float = Field(1.0, ge=0)
 
 
 class PlannerPriors(BaseModel):
@@ -268,7 +194,7 @@ class PlannerPriors(BaseModel):
     bucket_edges: list[int]
     entries: list[PriorEntry] = Field(default_factory=list)
     draft_prefill_s_per_token: float | None = Field(
-        None,
+        None, ge=0,
         description="seconds the running draft adds per prompt token prefilled in a step (a property of "
         "the pair and device, like the entries); the planner uses it until it has learnt its own",
     )
@@ -277,13 +203,6 @@ class PlannerPriors(BaseModel):
     @classmethod
     def _edges(cls, v: list[int]) -> list[int]:
         return _check_edges("bucket_edges", v)
-
-    @field_validator("draft_prefill_s_per_token")
-    @classmethod
-    def _dps(cls, v: float | None) -> float | None:
-        if v is not None and not v >= 0:
-            raise ValueError(f"draft_prefill_s_per_token: must be >= 0 (got {v})")
-        return v
 
     @model_validator(mode="after")
     def _entries(self) -> PlannerPriors:

@@ -10,7 +10,7 @@ import hashlib
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nightjar_contract.planner import PlannerConfig, PlannerPriors
 
@@ -27,15 +27,8 @@ class SloTarget(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ttft_p95_ms: int | None = Field(None, description="time to first token, p95, milliseconds")
-    tpot_p95_ms: int | None = Field(None, description="time per output token, p95, milliseconds")
-
-    @field_validator("ttft_p95_ms", "tpot_p95_ms")
-    @classmethod
-    def _pos(cls, v: int | None, info) -> int | None:
-        if v is not None and v <= 0:
-            raise ValueError(f"{info.field_name}: must be > 0 milliseconds (got {v})")
-        return v
+    ttft_p95_ms: int | None = Field(None, gt=0, description="time to first token, p95, milliseconds")
+    tpot_p95_ms: int | None = Field(None, gt=0, description="time per output token, p95, milliseconds")
 
 
 class WorkerRuntimeConfig(BaseModel):

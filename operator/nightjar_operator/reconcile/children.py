@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +119,11 @@ def _model_roles(spec: NightjarDeploymentSpec) -> list[tuple[str, ModelRef]]:
     return [("target", spec.target), ("draft", spec.draft)]
 
 
+def _shift(key: str, own: int) -> Callable[[re.Match[str]], str]:
+    """A ``re.sub`` replacement: index i of the pod's list is the user's i - own (ours come first)."""
+    return lambda m: f"spec.pod.{key}[{int(m.group(1)) - own}]"
+
+
 def spec_field_of(container: str, message: str = "") -> str | None:
     """The spec field behind a container's failure, for error messages: a model init container's
     image, or the Hub token Secret the worker's env cannot be built without (the kubelet says
@@ -208,7 +215,7 @@ def worker_args(spec: NightjarDeploymentSpec) -> list[str]:
 
 
 def _env(spec: NightjarDeploymentSpec, name: str) -> list[dict[str, Any]]:
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "NIGHTJAR_CONFIG", "value": c.CONFIG_PATH},
         {"name": "NIGHTJAR_STATE_DIR", "value": "/tmp/nightjar"},
         {"name": "NIGHTJAR_DEPLOYMENT", "value": name},
@@ -313,7 +320,7 @@ def override_field(path: str, pod: dict[str, Any]) -> str:
     own_mounts = sum(1 for m in ctr.get("volumeMounts", []) if m["name"] in OWN_VOLUMES or m["name"].startswith("model-"))
     p = path.replace("spec.template.spec.containers[0].", "spec.pod.").replace("spec.template.spec.", "spec.pod.")
     for key, own in (("volumes", own_volumes), ("env", own_env), ("volumeMounts", own_mounts)):
-        p = re.sub(rf"spec\.pod\.{key}\[(\d+)\]", lambda m, k=key, n=own: f"spec.pod.{k}[{int(m.group(1)) - n}]", p)
+        p = re.sub(rf"spec\.pod\.{key}\[(\d+)\]", _shift(key, own), p)
     return p
 
 
@@ -368,7 +375,7 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(dr.pre_stop_delay_seconds)]}}},
     }
     strategy = rolling_strategy(spec)
-    obj = {
+    obj: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(owner, c.deployment_name(name), pair),

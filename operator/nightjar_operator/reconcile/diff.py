@@ -115,7 +115,8 @@ def adoptable(live: dict[str, Any], owner_name: str) -> bool:
     """Ours by name: no controller, or a NightjarDeployment of the same name (a recreated owner)."""
     for ref in live.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("controller"):
-            return ref.get("kind") == c.KIND and ref.get("name") == owner_name and ref.get("apiVersion", "").startswith(c.GROUP)
+            return bool(ref.get("kind") == c.KIND and ref.get("name") == owner_name
+                        and str(ref.get("apiVersion", "")).startswith(c.GROUP))
     return True
 
 

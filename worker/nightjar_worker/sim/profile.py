@@ -49,22 +49,22 @@ class CostProfile(BaseModel):
     device: str
     target: str
     draft: str
-    block_tokens: int = Field(16, description="tokens per KV block")
-    kv_blocks_total: int = Field(description="KV blocks available with the draft resident")
-    draft_weight_bytes: int = Field(0, description="bytes of the draft's weights (freed when offloaded)")
-    kv_block_bytes: int = Field(description="target KV bytes per block")
-    max_batch: int
+    block_tokens: int = Field(16, ge=1, description="tokens per KV block")
+    kv_blocks_total: int = Field(ge=1, description="KV blocks available with the draft resident")
+    draft_weight_bytes: int = Field(0, ge=0, description="bytes of the draft's weights (freed when offloaded)")
+    kv_block_bytes: int = Field(ge=1, description="target KV bytes per block")
+    max_batch: int = Field(ge=1)
     batch_sizes: list[int]
     gammas: list[int]
     step_time_s: list[list[float]]
     acceptance: dict[str, float]
-    switch_cost_fixed_s: float = 0.0
-    switch_cost_per_token_s: float = 0.0
+    switch_cost_fixed_s: float = Field(0.0, ge=0)
+    switch_cost_per_token_s: float = Field(0.0, ge=0)
     draft_prefill_s_per_token: float = Field(
-        0.0, description="step time the running draft adds per prompt token prefilled in the step (0: not measured)"
+        0.0, ge=0, description="step time the running draft adds per prompt token prefilled in the step (0: not measured)"
     )
     prompt_tokens_per_output_token: float = Field(
-        0.0, description="the profiled workload's prompt tokens per generated token (0: not measured)"
+        0.0, ge=0, description="the profiled workload's prompt tokens per generated token (0: not measured)"
     )
 
     _cols: list[list[float]] = PrivateAttr(default_factory=list)
@@ -88,28 +88,6 @@ class CostProfile(BaseModel):
         for k, a in v.items():
             if not 0.0 <= a <= 1.0:
                 raise ValueError(f"acceptance: rate for {k!r} must lie in [0, 1] (got {a})")
-        return v
-
-    @field_validator("block_tokens", "kv_blocks_total", "kv_block_bytes", "max_batch")
-    @classmethod
-    def _pos(cls, v: int, info) -> int:
-        if v < 1:
-            raise ValueError(f"{info.field_name}: must be >= 1 (got {v})")
-        return v
-
-    @field_validator("draft_weight_bytes")
-    @classmethod
-    def _nonneg(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError(f"draft_weight_bytes: must be >= 0 (got {v})")
-        return v
-
-    @field_validator("switch_cost_fixed_s", "switch_cost_per_token_s", "draft_prefill_s_per_token",
-                     "prompt_tokens_per_output_token")
-    @classmethod
-    def _nonnegf(cls, v: float, info) -> float:
-        if v < 0:
-            raise ValueError(f"{info.field_name}: must be >= 0 (got {v})")
         return v
 
     @model_validator(mode="after")

@@ -146,7 +146,7 @@ class Bucket:
                 own.append(None)
         pooled = num / den if den > 0 else DEFAULT_CV**2
         out = []
-        for x, v in zip(self.cells, own, strict=True):
+        for x, o in zip(self.cells, own, strict=True):
             k = x.n * inv
-            out.append(math.sqrt(pooled if v is None else (k * v + 3.0 * pooled) / (k + 3.0)))
+            out.append(math.sqrt(pooled if o is None else (k * o + 3.0 * pooled) / (k + 3.0)))
         return out

@@ -27,7 +27,7 @@ from nightjar_contract.planner import PlannerPriors, bucket_index
 from nightjar_worker.planner.nightjar.cells import Bucket
 
 
-def load(buckets: list[Bucket], edges: list[int], arm_idx: dict[int, int], priors: PlannerPriors,
+def load(buckets: list[Bucket], edges: tuple[int, ...], arm_idx: dict[int, int], priors: PlannerPriors,
          cap: float) -> None:
     """Replace every bucket's priors with ``priors`` (entries on other edges may share a bucket)."""
     merged: dict[tuple[int, int], list[float]] = {}
