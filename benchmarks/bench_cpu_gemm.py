@@ -18,6 +18,8 @@ import os
 import time
 from pathlib import Path
 
+from benchmarks.common import is_quick
+
 OUT = Path(__file__).resolve().parent / "results" / "cpu-gemm"
 # Qwen2.5-Coder-1.5B: fused gate/up, down, fused qkv, o; (N, K) of the weight
 SHAPES = [(2 * 8960, 1536), (1536, 8960), (1536 + 2 * 256, 1536), (1536, 1536)]
@@ -62,7 +64,7 @@ def main() -> int:
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     torch.set_flush_denormal(True)
-    reps = 3 if os.environ.get("QUICK", "0") not in ("", "0") else 10
+    reps = 3 if is_quick() else 10
     ms: dict[str, dict[int, float]] = {}
     for dtype in (torch.bfloat16, torch.float32):
         name = str(dtype).removeprefix("torch.")

@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.common import is_quick
+
 RESULTS = Path(__file__).resolve().parent / "results"
 BLOCK = 32
 
@@ -131,7 +133,7 @@ def drive_until(engine, trace_path: str, state: str, timeout_s: float = 300.0) -
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    quick = os.environ.get("QUICK", "0") == "1"
+    quick = is_quick()
     ap.add_argument("--requests", type=int, default=24 if quick else 48)
     ap.add_argument("--max-tokens", type=int, default=32 if quick else 64)
     ap.add_argument("--reload-load", type=int, default=4, help="requests decoding during the reload")

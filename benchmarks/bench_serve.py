@@ -54,6 +54,7 @@ from typing import Any
 from nightjar_worker import loadgen
 from nightjar_worker.serve import ServerProcess
 
+from benchmarks.common import is_quick
 from benchmarks.serving import (
     ADMIN_TOKEN,
     PAIRS,
@@ -206,7 +207,7 @@ def plot(results: dict[str, dict[int, dict]], concurrencies: list[int], path: Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    quick = os.environ.get("QUICK", "0") not in ("", "0")
+    quick = is_quick()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 16] if quick else [1, 2, 4, 8, 16, 32])
     ap.add_argument("--max-tokens", type=int, default=32 if quick else 128)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -42,6 +41,8 @@ from nightjar_worker.planner.oracle import OraclePolicy
 from nightjar_worker.sim.profile import CostProfile
 from nightjar_worker.sim.simulator import Simulator
 from nightjar_worker.sim.workload import Workload, dynamic_trace, make_requests
+
+from benchmarks.common import is_quick
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
@@ -134,7 +135,7 @@ def run_worker(profile: CostProfile, cfg: PlannerConfig, trace, seed: int, prior
 
 
 def main(argv: list[str] | None = None) -> int:
-    quick = os.environ.get("QUICK", "0") not in ("", "0")
+    quick = is_quick()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default=str(DEFAULT_PROFILE))
     ap.add_argument("--fleet", type=int, default=3 if quick else 4, help="workers whose snapshots form the priors")

@@ -11,7 +11,6 @@ with that pod's ServiceAccount token and arguments.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import httpx
 import pytest
 import yaml
 from helmutil import CHART, ROOT, run_helm
+from helpers import free_port, wait_for
 
 pytestmark = [pytest.mark.helm, pytest.mark.cluster]
 
@@ -28,22 +28,8 @@ CRD = "nightjardeployments.nightjar.dev"
 OBS = ROOT / "tests" / "observability"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def _wait(pred, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"operator exited ({proc.returncode}) while waiting for {what}:\n{log.read_text()[-3000:] if log else ''}")
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f":\n{log.read_text()[-3000:]}" if log else ""))
 
 
 def _json(k8s, *args: str, kubeconfig: str | None = None) -> dict | None:
@@ -70,7 +56,7 @@ def _leftovers(k8s, namespace: str, release: str) -> list[str]:
 
 def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_path):
     release = f"nj{namespace[-6:]}"  # cluster-scoped names (ClusterRoles) stay unique per run
-    metrics_port, health_port = _free_port(), _free_port()
+    metrics_port, health_port = free_port(), free_port()
     env = k8s.env
     _adopt_existing_crd(k8s, release, namespace)
     values = {
@@ -128,7 +114,7 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
                 st = (njd or {}).get("status") or {}
                 return st.get("observedGeneration") == njd["metadata"]["generation"] and st.get("conditions")
 
-            _wait(reconciled, 60, "the sample's status", op, log)
+            wait_for(reconciled, 60, "the sample's status", 0.5, proc=op, log=log)
             for kind in ("deployment", "service", "configmap"):
                 name = "demo-config" if kind == "configmap" else "demo"
                 child = _json(k8s, "get", kind, name, "-n", namespace)
@@ -145,10 +131,10 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
             }], sorted((CHART / "rules").glob("*.yaml")))
             try:
                 # Several scrapes spanning resync reconciles, so rates and quantiles have data.
-                _wait(lambda: prom.query('count_over_time(nightjar_operator_status_writes_total[1m]) >= 6')["result"], 60,
-                      "Prometheus to scrape the operator")
-                _wait(lambda: prom.query('increase(nightjar_operator_reconciles_total{trigger="resync"}[1m]) > 0')["result"],
-                      30, "resync reconciles seen by Prometheus")
+                wait_for(lambda: prom.query('count_over_time(nightjar_operator_status_writes_total[1m]) >= 6')["result"], 60,
+                         "Prometheus to scrape the operator")
+                wait_for(lambda: prom.query('increase(nightjar_operator_reconciles_total{trigger="resync"}[1m]) > 0')["result"],
+                         30, "resync reconciles seen by Prometheus")
                 results = {title: has_data(prom.query(e)) for title, e in panel_queries()
                            if "nightjar_operator_" in e}
                 # No reconcile error happened (no 403 above all), so that panel is rightly empty.
@@ -177,7 +163,7 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
         run_helm(helm, "uninstall", release, "-n", namespace, "--wait", "--timeout", "60s", env=env, check=False)
         uninstall_s = time.monotonic() - t1
     # Nothing of the release is left; the CRD stays on purpose (resource-policy: keep).
-    _wait(lambda: not _leftovers(k8s, namespace, release), 30, "the release's objects to go")
+    wait_for(lambda: not _leftovers(k8s, namespace, release), 30, "the release's objects to go")
     assert run_helm(helm, "list", "-n", namespace, "-q", env=env).stdout.strip() == ""
     assert k8s.kubectl("get", "crd", CRD, check=False).returncode == 0
     print(f"helm install --wait {install_s:.1f}s, uninstall {uninstall_s:.1f}s")

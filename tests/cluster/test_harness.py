@@ -6,34 +6,20 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
-import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers import free_port, wait_for
 from nightjar_operator.testing import POD_IP_ANNOTATION, POD_READINESS_ANNOTATION, KubectlError
 
 pytestmark = pytest.mark.cluster
 
 
-def wait_for(cond: Callable[[], object], timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Hello(BaseHTTPRequestHandler):

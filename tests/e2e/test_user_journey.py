@@ -34,6 +34,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "observability"))
+import helpers  # noqa: E402
+from helpers import condition  # noqa: E402
 from pod_sd import PodDiscovery  # noqa: E402
 from promutil import (  # noqa: E402
     RULE_FILES,
@@ -60,19 +62,10 @@ OPERATOR_ENV = [
 ]
 
 
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = cond()
-        except (httpx.HTTPError, subprocess.SubprocessError, KeyError) as e:
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    """A slow poll that rides over a worker or apiserver that is not answering yet."""
+    return helpers.wait_for(cond, timeout, what, interval=1.0,
+                            tolerate=(httpx.HTTPError, subprocess.SubprocessError, KeyError))
 
 
 def chat(base: str, *, max_tokens: int = 32, timeout: float = 120, **extra: Any) -> str:
@@ -87,11 +80,6 @@ def get(node, kind: str, name: str, ns: str = NS) -> dict[str, Any] | None:
     return json.loads(p.stdout) if p.returncode == 0 else None
 
 
-def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
-    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if cond["type"] == ctype:
-            return cond
-    return {}
 
 
 def service_url(node, name: str = NAME) -> str:

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
 import yaml
+from helpers import condition, free_port, wait_for
 from kopf.testing import KopfRunner
 from nightjar_contract.planner import PlannerConfig, PlannerPriors
 from nightjar_operator import constants as c
@@ -35,46 +35,14 @@ SIMWORKER = Path(__file__).with_name("simworker.py")
 SLO = {"ttftP95Ms": 300, "tpotP95Ms": 40, "attainment": 0.9}
 
 
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
-def free_port() -> int:
-    for _ in range(50):
-        port = random.randint(20000, 40000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port")
 
 
 def cr(name: str, **spec: Any) -> dict[str, Any]:
-    body = {
-        "target": {"name": "target-1", "source": {"imagePath": "/models/target-1"}},
-        "draft": {"name": "draft-1", "source": {"imagePath": "/models/draft-1"}},
-        "replicas": 2,
-        "image": "example.org/nightjar-worker:1",
-        "slo": SLO,
-    }
-    body.update(spec)
-    return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name}, "spec": body}
+    return helpers.cr(name, **{"slo": SLO, **spec})
 
 
-def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
-    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if cond["type"] == ctype:
-            return cond
-    return {}
 
 
 def sample(metric: str, **labels: str) -> float | None:

@@ -7,12 +7,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from helpers import wait_for
 from nightjar_operator.fleet.aggregate import aggregate, extract
 from nightjar_operator.handlers.fleet import FleetSettings, PodTarget, scrape_direct, scrape_prometheus
 
@@ -27,14 +27,6 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_federate_source_splits_series_per_pod(tmp_path):
@@ -71,7 +63,7 @@ def test_federate_source_splits_series_per_pod(tmp_path):
             except (httpx.HTTPError, KeyError, ValueError):
                 return False
 
-        _wait(up, 40, "Prometheus scraping both simulated workers")
+        wait_for(up, 40, "Prometheus scraping both simulated workers")
         targets = [PodTarget(f"pod-{i}", f"uid-{i}", ip, port, "stable") for i, ip in enumerate(ips)]
         targets.append(PodTarget("pod-gone", "uid-gone", "127.0.0.1", 1, "stable"))
         settings = FleetSettings(prometheus_url=url)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 
 import httpx
 import yaml
+from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "nightjar"
@@ -134,10 +134,6 @@ def recorded_names() -> set[str]:
 
 
 # ------------------------------------------------------------------------------- live Prometheus
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:

@@ -14,12 +14,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from helpers import condition, cr, wait_for
 from kopf.testing import KopfRunner
 from nightjar_operator import constants as c
 from nightjar_operator.handlers.k8s import Api, make_api_client
@@ -32,35 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_ARGS = ["run", "--standalone", "--all-namespaces", "-m", "nightjar_operator.main"]
 
 
-def cr(name: str, **spec: Any) -> dict[str, Any]:
-    body = {
-        "target": {"name": "target-1", "source": {"imagePath": "/models/target-1"}},
-        "draft": {"name": "draft-1", "source": {"imagePath": "/models/draft-1"}},
-        "replicas": 2,
-        "image": "example.org/nightjar-worker:1",
-    }
-    body.update(spec)
-    return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name}, "spec": body}
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 30, what: str = "condition", interval: float = 0.2) -> Any:
-    start = time.monotonic()
-    deadline = start + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            print(f"waited {time.monotonic() - start:5.1f} s for {what}", file=sys.__stderr__)  # visible with -s
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
-def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
-    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if cond["type"] == ctype:
-            return cond
-    return {}
 
 
 @pytest.fixture

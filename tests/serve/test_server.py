@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from helpers import wait_for
 from nightjar_contract.runtime import WorkerRuntimeConfig
 from nightjar_worker import loadgen
 from nightjar_worker.loadgen import metric_sum, parse_metrics
@@ -58,14 +59,6 @@ def admin(server, method: str, body=None, token: str | None = TOKEN, raw: bytes 
     return httpx.request(method, server.url + "/nightjar/v1/config", json=body, headers=headers, timeout=30)
 
 
-def wait_for(pred, timeout_s: float = 15.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    return pred()
 
 
 def test_bad_requests_get_vllm_4xx(server):
