@@ -367,8 +367,10 @@ def test_real_worker_metrics_reach_priors_and_slo(fleet: Fleet, tmp_path, monkey
                 t.start()
             for t in threads:
                 t.join()
-            st = wait_for(lambda: (s := fleet.njd(name)["status"].get("fleet") or {}).get("requests", 0) > 0 and s,
-                          30, "requests measured from the real worker")  # fmt: skip
+            # all 6 requests have finished: wait for a scrape after that (one during the load sees
+            # first tokens, TTFT, before any request finished and recorded its TPOT)
+            st = wait_for(lambda: (s := fleet.njd(name)["status"].get("fleet") or {}).get("requests", 0) >= 6 and s,
+                          30, "the load's requests measured from the real worker")  # fmt: skip
             assert st["podsScraped"] == 1 and st["ttftP95Ms"] > 0 and st["tpotP95Ms"] > 0, st
             cond = condition(fleet.njd(name), "SLOMet")
             assert cond["status"] in ("True", "False") and "attainment=" in cond["message"], cond

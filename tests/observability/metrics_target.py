@@ -43,6 +43,7 @@ def main() -> int:
     ctl = EngineControl(4, config_path=cfg, profile=profile, poll_s=0.2, snapshot_every_s=0.5)
     m = ctl.metrics
     m.draft_state_changed(None, "resident")
+    m.set_offload_enabled(True, "enabled")  # as a worker whose elastic memory manager started
     m.set_kv_blocks(profile.kv_blocks_total, 0)
     start_http_server(port, addr="127.0.0.1")
     print(f"serving on 127.0.0.1:{port}", flush=True)
