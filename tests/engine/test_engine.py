@@ -101,3 +101,40 @@ def test_without_catchup_acceptance_collapses(nightjar_llm, steps) -> None:
     assert resume.catchup_tokens == 0
     a_steady, a_after = _acceptance(steady), _acceptance(after)
     assert a_steady - a_after > 0.05, f"acceptance steady {a_steady:.3f} vs after resume {a_after:.3f}"
+
+
+# Prompts whose answers repeat their own tokens (prompt lookup finds matches). Each was checked to
+# decode identically with and without verification: bf16 CPU kernels are not batch-invariant, and a
+# prompt whose logits nearly tie at some position differs under any gamma > 0, draft model included.
+REPEATING = ["Repeat this list three times, exactly: apples, pears, plums, figs, dates, limes, kiwis.",
+             "List the days of the week twice, separated by commas.",
+             "Write the word 'nightjar' five times, each on its own line, then count them.",
+             "Spell out the numbers one to ten in words, then again in reverse order."]
+
+
+@pytest.mark.parametrize("schedule", ["n3", "n3x3,3x3,0x2,n2x2,3x2,n1"])
+def test_ngram_drafts_are_lossless_and_leave_the_draft_to_catch_up(nightjar_llm, reference_outputs, steps,
+                                                                   schedule) -> None:
+    """Prompt-lookup drafts from the same engine, alone and switching with the draft model and gamma 0:
+    greedy output equals plain decoding; an n-gram step runs no draft forward, and the draft's next
+    proposal first catches up on what those steps added."""
+    force(nightjar_llm, [0])
+    plain = generate_ids(nightjar_llm, REPEATING, 40)  # gamma 0: plain decoding (lossless above)
+    steps.steps.clear()
+    force(nightjar_llm, schedule)
+    texts = prompts() + REPEATING
+    got = generate_ids(nightjar_llm, texts, 40)
+    want = [None] * len(prompts()) + plain
+    for t, ids, ref in zip(texts, got, want, strict=True):
+        if ref is None:
+            assert ids[:LOSSLESS_MAX_TOKENS] == reference_outputs[t], f"{schedule}: output differs for {t[:40]!r}"
+        else:
+            assert ids == ref, f"{schedule}: output differs for {t[:40]!r}"
+    s = steps.steps
+    ngram = [x for x in s if x.source == "ngram"]
+    assert ngram and all(x.draft_forwards == 0 and x.draft_lag_tokens is not None for x in ngram)
+    after = [b for a, b in zip(s, s[1:], strict=False) if a.source == "ngram" and b.gamma > 0]
+    assert sum(b.num_draft_tokens for b in after) > 0 and sum(b.num_accepted_tokens for b in after) > 0
+    resumes = [b for a, b in zip(s, s[1:], strict=False) if a.source == "ngram" and b.gamma > 0 and b.source == "draft"]
+    if "," in schedule:
+        assert resumes and all((b.catchup_tokens or 0) > 0 for b in resumes)

@@ -147,11 +147,14 @@ def test_scheduler_pair_check_uses_the_draft_folder(tmp_path) -> None:
 
 # -- forced schedule -----------------------------------------------------------------------------
 def test_forced_schedule_parsing_and_cycling() -> None:
-    assert parse_schedule("0x2,3,1x3") == [0, 0, 3, 1, 1, 1]
+    assert parse_schedule("0x2,3,1x3") == [("draft", 0)] * 2 + [("draft", 3)] + [("draft", 1)] * 3
+    assert parse_schedule("n3x2,2") == [("ngram", 3), ("ngram", 3), ("draft", 2)]
     p = ForcedSchedulePolicy("4x2,0", max_gamma=4)
     assert [p.decide(8) for _ in range(7)] == [4, 4, 0, 4, 4, 0, 4]
     assert p.arms == (0, 4)
-    for bad in ("", "x3", "2x0", "-1", "a"):
+    q = ForcedSchedulePolicy("2,n3", max_gamma=4)
+    assert [(q.decide(1), q.source()) for _ in range(3)] == [(2, "draft"), (3, "ngram"), (2, "draft")]
+    for bad in ("", "x3", "2x0", "-1", "a", "n0"):
         with pytest.raises(ValueError, match="NIGHTJAR_FORCE_GAMMA"):
             parse_schedule(bad)
     with pytest.raises(ValueError, match="K=2"):

@@ -39,6 +39,7 @@ class WorkerStepStats:
     draft_forwards: int = 0
     proposed: bool = False
     draft_lag_tokens: int = -1  # at gamma == 0: positions the draft lacks before this step (-1: not measured)
+    ngram_k: int = 0  # n-gram drafts to propose once the step's bookkeeping is done (runner_hooks.py)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -166,13 +167,18 @@ class DraftCatchup:
         rows = self.rows()
         self.tracker.begin_step(rows, set(scheduler_output.finished_req_ids or ()))
         k = int(scheduler_output.num_spec_tokens_to_schedule)
+        ngram = k > 0 and getattr(scheduler_output, "nightjar_source", "draft") == "ngram"
         f0 = self.forward_count
-        if k <= 0:
+        if k <= 0 or ngram:
             # gamma == 0: a true autoregressive step, the draft does not run at all. What a resume
             # would have to catch up on (running requests only) goes to the planner's C_switch model.
+            # An n-gram step is the same for the draft; its drafts come after the bookkeeping.
             stats.draft_lag_tokens = sum(e - s for _, s, e in self.tracker.missing(rows))
             self.tracker.end_step(rows, proposed=False)
             stats.draft_forwards += self.forward_count - f0
+            if ngram:
+                stats.ngram_k = k
+                return [[] for _ in rows]
             return torch.empty((len(rows), 0), dtype=torch.int64, device=self.drafter.device)
         ranges = self.tracker.missing(rows)
         if ranges and self.enabled:

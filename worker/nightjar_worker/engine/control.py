@@ -23,7 +23,7 @@ from typing import Any
 
 from nightjar_worker.engine.forced import ForcedSchedulePolicy
 from nightjar_worker.engine.step_stats import JsonlSink
-from nightjar_worker.planner.policy import GammaPolicy, PlannerView, StepFeedback
+from nightjar_worker.planner.policy import GammaPolicy, PlannerView, SourcePolicy, StepFeedback
 
 log = logging.getLogger("nightjar.engine")
 
@@ -86,6 +86,7 @@ class EngineControl:
             snapshot_every_s = float(os.environ.get("NIGHTJAR_SNAPSHOT_S", "1.0"))
         self._snapshot_every_s = snapshot_every_s
         self._last_snapshot = float("-inf")
+        self.source = "draft"  # of the last decision
         forced = os.environ.get("NIGHTJAR_FORCE_GAMMA")
         if forced:
             self._policy = ForcedSchedulePolicy(forced, max_gamma)
@@ -139,9 +140,12 @@ class EngineControl:
             self._policy = policy
 
     def decide(self, batch_size: int, prompt_tokens: int = 0) -> tuple[int, float]:
+        """(gamma, decide seconds); ``self.source`` is the source of its drafts (``SOURCES``)."""
         t0 = time.perf_counter()
         with self.lock:
-            g = int(self.policy.decide(max(1, batch_size), max(0, prompt_tokens)))
+            pol = self.policy
+            g = int(pol.decide(max(1, batch_size), max(0, prompt_tokens)))
+            self.source = pol.source() if isinstance(pol, SourcePolicy) and g > 0 else "draft"
         dt = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.observe_decision(dt)

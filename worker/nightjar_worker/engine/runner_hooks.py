@@ -6,9 +6,11 @@ vLLM 0.32 (``version.py``):
   routed through ``DraftCatchup.on_propose``: at ``num_spec_tokens_to_schedule == 0`` it returns an
   empty draft tensor without running the draft at all; at > 0 it first catches the draft KV up on
   positions missed during gamma == 0 steps, then runs vLLM's normal proposal.
-* ``sample_tokens``: attaches what the worker measured (catch-up seconds and tokens, draft forward
-  count) to the returned ``ModelRunnerOutput`` as attribute ``nightjar_stats`` (a plain dict; the
-  object is pickled to the EngineCore process as is), where ``NightjarScheduler`` reads it.
+* ``sample_tokens``: on a step whose source is "ngram" (``scheduler_output.nightjar_source``),
+  fills in the prompt-lookup drafts once vLLM's bookkeeping has appended the sampled tokens
+  (``ngram.py``); then attaches what the worker measured (catch-up seconds and tokens, draft
+  forward count) to the returned ``ModelRunnerOutput`` as attribute ``nightjar_stats`` (a plain
+  dict; the object is pickled to the EngineCore process as is), where ``NightjarScheduler`` reads it.
 
 Runners whose engine does not use ``NightjarScheduler`` are left on vLLM's code paths.
 """
@@ -57,6 +59,15 @@ def _catchup(runner: Any) -> Any:
     return c
 
 
+def _ngram(runner: Any) -> Any:
+    d = runner.__dict__.get("_nightjar_ngram")
+    if d is None:
+        from nightjar_worker.engine.ngram import NgramDrafter
+
+        d = runner._nightjar_ngram = NgramDrafter(runner.vllm_config, runner.speculative_config.num_speculative_tokens)
+    return d
+
+
 def install() -> bool:
     """Wrap the two runner methods (idempotent). Returns True if this call patched them."""
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -78,14 +89,16 @@ def install() -> bool:
         return c.on_propose(scheduler_output, cad, lambda: orig_propose(self, scheduler_output, *args, **kwargs), stats)
 
     def sample_tokens(self, grammar_output):  # noqa: ANN001
-        self._nightjar_step_stats = WorkerStepStats()
+        self._nightjar_step_stats = stats = WorkerStepStats()
         out = orig_sample(self, grammar_output)
         if (
             self.__dict__.get("_nightjar_catchup")
             and isinstance(out, ModelRunnerOutput)
             and out is not EMPTY_MODEL_RUNNER_OUTPUT
         ):
-            out.nightjar_stats = self._nightjar_step_stats.as_dict()
+            if stats.ngram_k:
+                self._draft_token_ids = _ngram(self).propose(stats.ngram_k, out.sampled_token_ids, self.input_batch)
+            out.nightjar_stats = stats.as_dict()
         return out
 
     propose_draft_token_ids.__wrapped__ = orig_propose  # type: ignore[attr-defined]

@@ -93,15 +93,21 @@ class NightjarScheduler(Scheduler):
         waiting = itertools.chain(getattr(self, "kv_holding_waiting", ()), self.waiting)
         prompt = pending_prompt_tokens(self.running, waiting, max_seqs, budget, self._prefix_hit)
         gamma, decide_s = self.nightjar_control.decide(batch, prompt)
-        if self.nightjar_memory is not None:  # gamma 0 unless the draft is fully resident
+        source = self.nightjar_control.source
+        if self.nightjar_memory is not None:
+            # the draft model's gamma is 0 unless its weights are fully resident; n-gram drafts
+            # need no weights (what the memory manager is told the planner wants of the draft)
             gain_s, switch_s = self.nightjar_control.outlook(batch)
-            gamma = self.nightjar_memory.on_step(gamma, gain_s, switch_s).clamp(gamma)
+            directive = self.nightjar_memory.on_step(gamma if source == "draft" else 0, gain_s, switch_s)
+            if source == "draft":
+                gamma = directive.clamp(gamma)
         for req in self.running:
             if len(req.spec_token_ids) > gamma:
                 req.spec_token_ids = req.spec_token_ids[:gamma]
         out = super().schedule(*args, **kwargs)
         out.num_spec_tokens_to_schedule = gamma
-        self._inflight = (out, t0, gamma, batch, decide_s, prompt)
+        out.nightjar_source = source  # read by the model runner's proposal hook (runner_hooks.py)
+        self._inflight = (out, t0, gamma, batch, decide_s, prompt, source)
         return out
 
     def _prefix_hit(self, request: Any) -> int:
@@ -123,7 +129,7 @@ class NightjarScheduler(Scheduler):
     def _feedback(self, inflight: tuple, t1: float, so: Any, mro: Any) -> None:
         from nightjar_worker.planner.policy import StepFeedback
 
-        _, t0, gamma, batch, decide_s, prompt = inflight
+        _, t0, gamma, batch, decide_s, prompt, source = inflight
         tokens = drafts = accepted = prefill = 0
         sampled = mro.sampled_token_ids or []
         index = mro.req_id_to_index or {}
@@ -165,6 +171,7 @@ class NightjarScheduler(Scheduler):
             decide_prompt_tokens=prompt,
             decide_s=decide_s,
             time=time.time(),
+            source=source if gamma > 0 else "draft",
         )
         self.nightjar_step += 1
         self.nightjar_control.observe(rec)

@@ -57,11 +57,26 @@ class StepFeedback:
     decide_prompt_tokens: int = 0  # the estimate of prefill_tokens the policy decided with
     decide_s: float = 0.0  # policy.decide wall time
     time: float = 0.0  # unix time at the end of the step
+    # where this step's gamma drafts came from (``SOURCES``); gamma 0 steps say "draft"
+    source: str = "draft"
 
     @property
     def loss(self) -> float:
         """Latency per generated token (seconds/token), the planner's loss, C_switch included."""
         return (self.step_time_s + self.switch_cost_s) / max(1, self.tokens_emitted)
+
+
+# Where drafts come from: the draft model, or prompt lookup (n-gram matches in the request's own
+# tokens: no weights, no KV cache, so it runs while the draft is offloaded).
+SOURCES = ("draft", "ngram")
+
+
+@runtime_checkable
+class SourcePolicy(Protocol):
+    """A policy that also picks the source of a gamma > 0 step's drafts. ``source()`` is that of
+    its last ``decide``; a policy without it always drafts with the draft model."""
+
+    def source(self) -> str: ...
 
 
 @runtime_checkable
