@@ -56,6 +56,11 @@ class PlannerConfig(BaseModel):
     policy: PolicyName = "nightjar"
     max_gamma: int = Field(4, ge=0, le=64, description="K: the largest speculation length (arms are 0..K)")
     arms: list[int] | None = Field(None, description="subset of 0..K; default all")
+    ngram_arms: list[int] = Field(
+        default_factory=list,
+        description="gammas (1..K) also offered with prompt-lookup (n-gram) drafts: no draft model, no KV "
+        "memory, available while the draft is offloaded; empty: draft-model arms only",
+    )
     bucket_edges: list[int] | None = Field(
         None, description="ascending lower edges of batch-size buckets; default log-spaced up to max_batch"
     )
@@ -151,6 +156,13 @@ class PlannerConfig(BaseModel):
             if len(set(self.arms)) != len(self.arms):
                 raise ValueError(f"arms: duplicate values in {self.arms}")
             self.arms = sorted(self.arms)
+        if self.ngram_arms:
+            bad = [a for a in self.ngram_arms if a < 1 or a > k]
+            if bad:
+                raise ValueError(f"ngram_arms: values must lie in 1..max_gamma={k} (got {bad})")
+            if len(set(self.ngram_arms)) != len(self.ngram_arms):
+                raise ValueError(f"ngram_arms: duplicate values in {self.ngram_arms}")
+            self.ngram_arms = sorted(self.ngram_arms)
         if self.bucket_edges is None:
             self.bucket_edges = default_bucket_edges(self.max_batch)
         if self.static_gamma is not None and not 0 <= self.static_gamma <= k:

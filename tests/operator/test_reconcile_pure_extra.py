@@ -24,6 +24,13 @@ def test_memory_env_is_a_valid_worker_memory_config():
     assert not ElasticMemoryConfig.model_validate(json.loads(_memory_env(_spec(offload={"policy": "Never"})))).enabled
 
 
-def test_ngram_arm_is_refused_naming_the_field():
-    errs = semantic_errors(_spec(ngram=True), "demo")
+def test_ngram_arms_reach_the_worker_config_and_need_the_nightjar_policy():
+    from nightjar_contract.runtime import WorkerRuntimeConfig
+    from nightjar_operator.reconcile.config import runtime_config_dict
+
+    spec = _spec(ngram=True, maxGamma=3, arms=[0, 2, 3])
+    assert semantic_errors(spec, "demo") == []
+    cfg = WorkerRuntimeConfig.model_validate(runtime_config_dict(spec))
+    assert cfg.planner.ngram_arms == [2, 3]
+    errs = semantic_errors(_spec(ngram=True, policy="static"), "demo")
     assert [e.field for e in errs] == ["spec.speculation.ngram"]

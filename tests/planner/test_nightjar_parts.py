@@ -7,6 +7,7 @@ import random
 
 import pytest
 from nightjar_contract.planner import PlannerPriors, PriorEntry
+from nightjar_worker.planner.nightjar.arms import ArmSet
 from nightjar_worker.planner.nightjar.cells import Bucket, Cell
 from nightjar_worker.planner.nightjar.estimates import Estimator
 from nightjar_worker.planner.nightjar.excursions import Excursions
@@ -215,7 +216,7 @@ def test_a_prior_contradicted_by_one_arm_alone_is_dropped():
 # -- estimates and flips ------------------------------------------------------------------------------------
 def _estimator(share: bool = True) -> Estimator:
     bks = [Bucket(lo, 3) for lo in (1, 2, 4)]
-    return Estimator(bks, ARMS, PrefillCost(amortise=False, catchup_rate=lambda: None), share=share)
+    return Estimator(bks, ArmSet.build(ARMS), PrefillCost(amortise=False, catchup_rate=lambda: None), share=share)
 
 
 def test_a_neighbour_lends_an_untried_arm_rescaled_by_an_arm_both_have_tried():
@@ -246,7 +247,7 @@ def test_exploration_tries_what_the_bucket_has_not_and_the_paper_draws_uniformly
     est = _estimator(share=False)
     sched = [Schedule() for _ in est.buckets]
     flips = FlipPricer(est, SwitchCost(3), Dwell(32.0), Excursions(3, 32.0), 32)
-    ex = PrunedExplorer(random.Random(0), ARMS, est.buckets, sched, flips, monotone=False, eliminate=False)
+    ex = PrunedExplorer(random.Random(0), est.arms, est.buckets, sched, flips, monotone=False, eliminate=False)
     _observe(est.buckets[1], 0, 0.02, steps=10)
     _observe(est.buckets[1], 1, 0.015, steps=10)
     k = Candidates(1, [0, 1, 2], *est.estimates(1), eff=[0.02, 0.015, None], best=1)
@@ -261,9 +262,18 @@ def test_the_monotone_prior_keeps_exploration_between_the_neighbours_best_arms()
     est = _estimator(share=False)
     sched = [Schedule() for _ in est.buckets]
     flips = FlipPricer(est, SwitchCost(3), Dwell(32.0), Excursions(3, 32.0), 32)
-    ex = PrunedExplorer(random.Random(0), ARMS, est.buckets, sched, flips, monotone=True, eliminate=False)
+    ex = PrunedExplorer(random.Random(0), est.arms, est.buckets, sched, flips, monotone=True, eliminate=False)
     _observe(est.buckets[2], 0, 0.01, steps=200)  # bucket 4 (larger batch) is established on gamma 1
     sched[2].best = 1
     k = Candidates(1, [0, 1, 2], [None] * 3, [0.0] * 3, [None] * 3, best=-1)
     picks = {ex.choose(k, on_now=True, slo=None) for _ in range(30)}
     assert picks <= {1, 2}  # never below the larger batch's best gamma
+
+
+# -- arms ------------------------------------------------------------------------------------------------
+def test_arms_are_draft_gammas_then_ngram_ones_and_gamma_0_is_one_arm():
+    a = ArmSet.build((0, 1, 2, 3), (2, 3))
+    assert a.keys == (("draft", 0), ("draft", 1), ("draft", 2), ("draft", 3), ("ngram", 2), ("ngram", 3))
+    assert a.drafting == (False, True, True, True, False, False)
+    assert a.of("ngram", 0) == a.of("draft", 0) == 0 and a.of("ngram", 3) == 5 and a.of("ngram", 1) is None
+    assert a.draft_index() == {0: 0, 1: 1, 2: 2, 3: 3} and a.gammas() == (0, 1, 2, 3)

@@ -193,7 +193,9 @@ class SpeculationSpec(_Model):
     static_gamma: int | None = Field(None, ge=0, le=MAX_SCHEMA_GAMMA)
     """Gamma for policy static (default maxGamma)."""
     ngram: bool = False
-    """Also offer an n-gram (prompt lookup) arm that needs no draft model."""
+    """Also offer n-gram (prompt lookup) arms at the same gammas: drafts matched in the request's own
+    tokens, no draft model and no KV memory, so speculation goes on while the draft is offloaded
+    (policy nightjar)."""
     switching_cost_ms: float | None = Field(None, ge=0)
     """Override the measured switching cost C_switch (milliseconds)."""
     offload: OffloadSpec = Field(default_factory=OffloadSpec, json_schema_extra={"default": {}})

@@ -118,9 +118,8 @@ def semantic_errors(spec: NightjarDeploymentSpec, name: str = "") -> list[FieldE
             errs.append(FieldError("spec.speculation.staticGamma", f"must lie in 0..maxGamma={k} (got {sp.static_gamma})"))
         elif sp.arms is not None and sp.static_gamma not in sp.arms:
             errs.append(FieldError("spec.speculation.staticGamma", f"{sp.static_gamma} is not one of arms {sp.arms}"))
-    if sp.ngram:
-        # Reserved in the API; the worker has no n-gram arm yet, and silently ignoring it would lie.
-        errs.append(FieldError("spec.speculation.ngram", "the n-gram arm is not supported by this worker version; set false"))
+    if sp.ngram and sp.policy != "nightjar":
+        errs.append(FieldError("spec.speculation.ngram", f"n-gram arms are played by policy nightjar only (got {sp.policy!r})"))
     high = sp.offload.kv_usage_high if sp.offload.kv_usage_high is not None else WORKER_OFFLOAD_DEFAULTS["kv_usage_high"]
     low = sp.offload.kv_usage_low if sp.offload.kv_usage_low is not None else WORKER_OFFLOAD_DEFAULTS["kv_usage_low"]
     if low >= high:
@@ -193,6 +192,7 @@ _PLANNER_FIELDS = {
     "max_gamma": "spec.speculation.maxGamma",
     "arms": "spec.speculation.arms",
     "static_gamma": "spec.speculation.staticGamma",
+    "ngram_arms": "spec.speculation.ngram",
     "switch_cost_s": "spec.speculation.switchingCostMs",
     "slo_tpot_s": "spec.slo.tpotP95Ms",
 }

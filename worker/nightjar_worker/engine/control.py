@@ -23,7 +23,7 @@ from typing import Any
 
 from nightjar_worker.engine.forced import ForcedSchedulePolicy
 from nightjar_worker.engine.step_stats import JsonlSink
-from nightjar_worker.planner.policy import GammaPolicy, PlannerView, SourcePolicy, StepFeedback
+from nightjar_worker.planner.policy import DraftAware, GammaPolicy, PlannerView, SourcePolicy, StepFeedback
 
 log = logging.getLogger("nightjar.engine")
 
@@ -150,6 +150,12 @@ class EngineControl:
         if self.metrics is not None:
             self.metrics.observe_decision(dt)
         return min(max(g, 0), self.max_gamma), dt
+
+    def set_draft_available(self, available: bool) -> None:
+        """The memory manager's word on whether the draft can run, for the policy's next decision."""
+        with self.lock:
+            if isinstance(self.policy, DraftAware):
+                self.policy.set_draft_available(available)
 
     def outlook(self, batch_size: int) -> tuple[float | None, float]:
         """(seconds a step saves by speculating, expected C_switch of resuming) at this batch, what

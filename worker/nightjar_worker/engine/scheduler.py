@@ -101,6 +101,7 @@ class NightjarScheduler(Scheduler):
             directive = self.nightjar_memory.on_step(gamma if source == "draft" else 0, gain_s, switch_s)
             if source == "draft":
                 gamma = directive.clamp(gamma)
+            self.nightjar_control.set_draft_available(directive.draft_available)
         for req in self.running:
             if len(req.spec_token_ids) > gamma:
                 req.spec_token_ids = req.spec_token_ids[:gamma]

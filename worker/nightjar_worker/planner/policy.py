@@ -80,6 +80,14 @@ class SourcePolicy(Protocol):
 
 
 @runtime_checkable
+class DraftAware(Protocol):
+    """A policy told whether the draft model can run (its weights resident), so that while it
+    cannot, it picks among the arms that do not need it instead of having its choice clamped."""
+
+    def set_draft_available(self, available: bool) -> None: ...
+
+
+@runtime_checkable
 class GammaPolicy(Protocol):
     """Picks the speculation length for each step. See the module docstring for the contract."""
 

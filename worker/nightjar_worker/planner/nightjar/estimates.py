@@ -6,7 +6,7 @@
 * ``normalise``: losses are learnt as loss x batch / bucket_lo (per-token loss falls like 1/batch
   in the memory-bound regime, which otherwise confounds arms held at different batch sizes inside
   one bucket); snapshots and priors use these units (loss at the bucket's lower edge);
-* every gamma > 0 arm is charged the running draft's prefill per generated token
+* every arm that runs the draft model is charged the running draft's prefill per generated token
   (``PrefillCost.per_generated_token``), in the bucket's units.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nightjar_worker.planner.nightjar.arms import ArmSet
 from nightjar_worker.planner.nightjar.cells import Bucket, less_prefill
 from nightjar_worker.planner.nightjar.prefill import PrefillCost
 
@@ -21,7 +22,7 @@ from nightjar_worker.planner.nightjar.prefill import PrefillCost
 @dataclass
 class Estimator:
     buckets: list[Bucket]
-    arms: tuple[int, ...]
+    arms: ArmSet
     prefill: PrefillCost
     correct_prefill: bool = True
     share: bool = True
@@ -37,7 +38,7 @@ class Estimator:
         b_off, b_on = slopes if slopes is not None else self.prefill.slopes()
         if b_off <= 0 and b_on <= 0:
             return [x.s for x in cells]
-        return [less_prefill(x.s, x.sp, b_on if g > 0 else b_off) for g, x in zip(self.arms, cells, strict=True)]
+        return [less_prefill(x.s, x.sp, b_on if on else b_off) for on, x in zip(self.arms.drafting, cells, strict=True)]
 
     def estimates(self, c: int) -> tuple[list[float | None], list[float]]:
         """Smoothed mean loss and effective count per arm of bucket c (priors and neighbour evidence
@@ -54,7 +55,7 @@ class Estimator:
         means: list[float | None] = [ts[i] / tn[i] if tn[i] > 1e-12 else None for i in range(len(tn))]
         extra = self.draft_prefill_charge(c)
         if extra > 0:
-            means = [m + extra if m is not None and self.arms[i] > 0 else m for i, m in enumerate(means)]
+            means = [m + extra if m is not None and self.arms.drafting[i] else m for i, m in enumerate(means)]
         inv = 1.0 / bk.w
         return means, [x * inv for x in tn]
 
@@ -89,7 +90,7 @@ class Estimator:
     def plain_step_time(self, c: int, batch: int, prompt_tokens: int) -> float | None:
         """Expected time of a gamma-0 step in bucket c at this batch and prefill; None while
         bucket c has no gamma-0 evidence."""
-        i = self.arms.index(0) if 0 in self.arms else None
+        i = self.arms.of("draft", 0)
         if i is None:
             return None
         x = self.buckets[c].cells[i]

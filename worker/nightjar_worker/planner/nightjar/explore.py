@@ -1,8 +1,8 @@
 """What an exploration bin plays: the paper's uniform draw, or Nightjar's pruned, optimistic pick.
 
 ``PrunedExplorer`` (beyond the paper):
-  * ``monotone``: the best gamma does not grow with batch size, so exploration in a bucket is
-    confined between the best arms of established neighbours on either side;
+  * ``monotone``: the draft model's best gamma does not grow with batch size, so exploration of
+    draft arms in a bucket is confined between the best arms of established neighbours on either side;
   * ``eliminate``: only arms whose confidence interval still overlaps the best arm's (successive
     elimination inside the paper's schedule), least-tried first; a barely known arm stays in unless
     flipping speculation alone costs more than half of what the best arm loses;
@@ -18,6 +18,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from nightjar_worker.planner.nightjar.arms import ArmSet
 from nightjar_worker.planner.nightjar.cells import Bucket
 from nightjar_worker.planner.nightjar.flips import FlipPricer
 from nightjar_worker.planner.nightjar.schedule import Schedule
@@ -55,7 +56,7 @@ class UniformExplorer:
 @dataclass
 class PrunedExplorer:
     rng: random.Random
-    arms: tuple[int, ...]
+    arms: ArmSet
     buckets: list[Bucket]
     schedules: list[Schedule]
     flips: FlipPricer
@@ -80,7 +81,9 @@ class PrunedExplorer:
         if self.monotone and slo is None:
             hi = self._neighbour_best(c, -1)  # best gamma of a smaller-batch bucket: upper bound
             lo = self._neighbour_best(c, +1)  # best gamma of a larger-batch bucket: lower bound
-            pruned = [i for i in pool if (hi is None or self.arms[i] <= hi) and (lo is None or self.arms[i] >= lo)]
+            g, src = self.arms.gamma, self.arms.source
+            pruned = [i for i in pool if src[i] != "draft"  # the prior is about the draft model's gamma
+                      or ((hi is None or g[i] <= hi) and (lo is None or g[i] >= lo))]
             if pruned:
                 pool = pruned
         if self.eliminate and best >= 0:
@@ -116,7 +119,8 @@ class PrunedExplorer:
     def _neighbour_best(self, c: int, step: int) -> int | None:
         d = c + step
         while 0 <= d < len(self.buckets):
-            if self.buckets[d].total() >= _ESTABLISHED and self.schedules[d].best >= 0:  # priors are evidence too
-                return self.arms[self.schedules[d].best]
+            best = self.schedules[d].best
+            if self.buckets[d].total() >= _ESTABLISHED and best >= 0:  # priors are evidence too
+                return self.arms.gamma[best] if self.arms.source[best] == "draft" else None
             d += step
         return None

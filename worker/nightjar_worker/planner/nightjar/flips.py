@@ -20,15 +20,22 @@ class FlipPricer:
                  amortise_steps: int) -> None:
         self.est, self.switch, self.dwell, self.excursions = est, switch, dwell, excursions
         self.amortise_steps = amortise_steps
-        self.i0 = est.arms.index(0) if 0 in est.arms else None
-        # per bucket, gamma 0's mean less the best drafting arm's at its last bin (bucket units)
+        self.i0 = est.arms.of("draft", 0)
+        # per bucket, the best arm without the draft model (gamma 0, n-gram) less the best arm with
+        # it, at the bucket's last bin (bucket units): what running the draft gains there
         self.on_gain: list[float | None] = [None] * len(est.buckets)
 
     def note_gain(self, c: int, means: list[float | None]) -> None:
-        """Record bucket c's gain of speculation from its arms' means at a new bin."""
-        on = [m for i, m in enumerate(means) if m is not None and self.est.arms[i] > 0]
-        m0 = means[self.i0] if self.i0 is not None else None
-        self.on_gain[c] = m0 - min(on) if on and m0 is not None else None
+        """Record bucket c's gain of the draft model from its arms' means at a new bin."""
+        drafting = self.est.arms.drafting
+        on = [m for i, m in enumerate(means) if m is not None and drafting[i]]
+        if self.i0 is None:
+            self.on_gain[c] = None
+            return
+        off = [m for i, m in enumerate(means) if m is not None and not drafting[i] and i != self.i0]
+        m0 = means[self.i0]
+        base = m0 if not off or m0 is None else min([m0, *off])
+        self.on_gain[c] = base - min(on) if on and base is not None else None
 
     def visit(self, hold: int) -> int:
         """Steps over which an exploration visit amortises C_switch: its hold, but at least a quarter
@@ -39,7 +46,7 @@ class FlipPricer:
         """C_switch amortised per token (bucket c's units) if playing arm i flips speculation from
         ``on_now``; 0 if it does not. ``horizon``: amortise over this many steps instead of the
         expected run; ``off_steps``: how long a turn-off lasts (default: the horizon)."""
-        on = self.est.arms[i] > 0
+        on = self.est.arms.drafting[i]
         if on == on_now:
             return 0.0
         per_step = self.est.tokens_per_step(c, i)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from nightjar_contract.planner import PlannerConfig, PlannerPriors, PriorEntry, bucket_index
 
 from nightjar_worker.planner.nightjar import priors as prior_rules
+from nightjar_worker.planner.nightjar.arms import ArmSet
 from nightjar_worker.planner.nightjar.cells import Bucket
 from nightjar_worker.planner.nightjar.estimates import Estimator
 from nightjar_worker.planner.nightjar.excursions import Excursions
@@ -22,7 +23,7 @@ from nightjar_worker.planner.nightjar.gate import AcceptanceGate
 from nightjar_worker.planner.nightjar.prefill import PrefillCost
 from nightjar_worker.planner.nightjar.schedule import Schedule
 from nightjar_worker.planner.nightjar.switching import Dwell, PaperSwitchCost, SwitchCost
-from nightjar_worker.planner.policy import PlannerStats, StepFeedback
+from nightjar_worker.planner.policy import SOURCES, PlannerStats, StepFeedback
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,8 @@ class NightjarPolicy:
 
     def __init__(self, config: PlannerConfig) -> None:
         self.config = config
-        self._arms = config.resolved_arms()
-        self._arm_idx = {g: i for i, g in enumerate(self._arms)}
+        self.armset = ArmSet.build(config.resolved_arms(), tuple(config.ngram_arms))
+        self._arms = self.armset.gamma  # gamma per arm index
         self._edges = config.edges()
         self._lut = [bucket_index(self._edges, max(b, 1)) for b in range(config.max_batch + 1)]
         self.scheme = PAPER if config.paper_mode else NIGHTJAR
@@ -65,17 +66,21 @@ class NightjarPolicy:
         self.schedules = [Schedule() for _ in self._edges]
         self.switch = self.scheme.switch_cost(nb)
         self.prefill = PrefillCost(amortise=True, catchup_rate=self.switch.catchup_rate)
-        self.estimator = Estimator(self.buckets, self._arms, self.prefill)
+        self.estimator = Estimator(self.buckets, self.armset, self.prefill)
         self.dwell = Dwell(float(amort))
         self.excursions = Excursions(nb, float(amort))
         self.flips = FlipPricer(self.estimator, self.switch, self.dwell, self.excursions, amort)
-        self.gate = AcceptanceGate(0.0, 1, 1, 2.0)
+        # acceptance is a property of the source (and the content): one gate each
+        self.gates = {src: AcceptanceGate(0.0, 1, 1, 2.0) for src in SOURCES}
+        self.gate = self.gates["draft"]
         self.explorer: PrunedExplorer | UniformExplorer = (
-            PrunedExplorer(rng, self._arms, self.buckets, self.schedules, self.flips)
+            PrunedExplorer(rng, self.armset, self.buckets, self.schedules, self.flips)
             if self.scheme.pruned_exploration else UniformExplorer(rng)
         )
         self.current_gamma = 0  # the last decision: the engine's speculation state
-        self._prev_gamma = 0  # gamma of the last observed step (pipeline fill detection)
+        self.current_source = "draft"
+        self.draft_available = True  # False while the draft's weights are not resident
+        self._prev: tuple[str, int] = ("draft", 0)  # (source, gamma) of the last observed step
         self.stats = PlannerStats()
         self._apply_knobs(config)
 
@@ -89,7 +94,8 @@ class NightjarPolicy:
         est.normalise, est.correct_prefill = k.normalise_batch, k.prefill_correction
         self.prefill.amortise = k.prefill_correction and k.amortise_draft_prefill
         self._step_price = self.prefill.amortise and k.step_prefill_price
-        self.gate.configure(k.min_acceptance, k.acceptance_gate_tokens, k.acceptance_halflife_steps, k.confidence_z)
+        for gate in self.gates.values():
+            gate.configure(k.min_acceptance, k.acceptance_gate_tokens, k.acceptance_halflife_steps, k.confidence_z)
         self.switch.override = k.switch_cost_s
         self.flips.amortise_steps = k.switch_amortise_steps
         if isinstance(self.explorer, PrunedExplorer):
@@ -99,7 +105,7 @@ class NightjarPolicy:
     def apply_config(self, config: PlannerConfig) -> None:
         """Runtime update of the exploration knobs, SLO and switch-cost override (same arms, buckets
         and scheme: those rebuild the policy)."""
-        if config.resolved_arms() != self._arms or config.edges() != self._edges:
+        if ArmSet.build(config.resolved_arms(), tuple(config.ngram_arms)) != self.armset or config.edges() != self._edges:
             raise ValueError("arms/bucket_edges: cannot change at run time; restart the planner")
         if config.paper_mode != self.config.paper_mode:
             raise ValueError("paper_mode: a different algorithm; rebuild the policy")
@@ -117,7 +123,7 @@ class NightjarPolicy:
         """Replace the priors (see ``priors.py``). Priors are established evidence, not a cold-start
         transient: only the steady-state ``discount`` erodes them, and a bucket's exploration
         schedule moves on as if its prior observations had happened."""
-        prior_rules.load(self.buckets, self._edges, self._arm_idx, priors, self.config.prior_max_count)
+        prior_rules.load(self.buckets, self._edges, self.armset.draft_index(), priors, self.config.prior_max_count)
         self.prefill.prior_dps = priors.draft_prefill_s_per_token
         if self.scheme.warm_schedule:
             for bk, sc in zip(self.buckets, self.schedules, strict=True):
@@ -132,7 +138,21 @@ class NightjarPolicy:
 
     @property
     def arms(self) -> tuple[int, ...]:
-        return self._arms
+        return self.armset.gammas()
+
+    def source(self) -> str:
+        """The source of the last decision's drafts (``SourcePolicy``)."""
+        return self.current_source
+
+    def set_draft_available(self, available: bool) -> None:
+        """Whether the draft model can run (its weights resident): while not, no arm that runs it
+        is played (n-gram arms still are)."""
+        if available != self.draft_available:
+            self.draft_available = available
+            self._end_bins()
+
+    def _drafting_now(self) -> bool:
+        return self.current_gamma > 0 and self.current_source == "draft"
 
     @property
     def slo_tpot_s(self) -> float | None:
@@ -152,22 +172,23 @@ class NightjarPolicy:
             a = sc.arm
         else:
             a = self._new_bin(c)
-        on_now = self.current_gamma > 0
-        if (self._arms[a] > 0) != on_now and self.scheme.guard_flips:
+        drafting = self.armset.drafting
+        on_now = self._drafting_now()
+        if drafting[a] != on_now and self.scheme.guard_flips:
             a = self._guard_flip(c, a, prompt_tokens)
-        elif self._arms[a] > 0 and on_now and prompt_tokens > 0 and self._step_price and not sc.exploring:
+        elif drafting[a] and on_now and prompt_tokens > 0 and self._step_price and not sc.exploring:
             a = self._tie_at_prompt_step(c, a, prompt_tokens)
         g = self._arms[a]
         st = self.stats
         st.decisions += 1
-        flipped = (g > 0) != on_now
+        flipped = drafting[a] != on_now  # the draft model starts or stops running
         if flipped:
-            if g > 0:
+            if drafting[a]:
                 st.switches_on += 1
             else:
                 st.switches_off += 1
         self.dwell.step(flipped, on_now)
-        self.current_gamma = g
+        self.current_gamma, self.current_source = g, self.armset.source[a]
         return g
 
     def observe(self, feedback: StepFeedback) -> None:
@@ -179,18 +200,20 @@ class NightjarPolicy:
         # gamma verifies only the previous step's drafts (none when the draft was off: one token per
         # request, plus the drafting). It is not the arm's steady state and is not learnt as such;
         # when resuming, its cost above a plain step belongs to the switch.
-        fill = fb.gamma > self._prev_gamma and self.scheme.detect_fill
+        # (a change of source verifies the other source's drafts: not this arm's steady state either)
+        src, prev_src, prev_gamma = fb.source, *self._prev
+        fill = (fb.gamma > prev_gamma or (fb.gamma > 0 and src != prev_src)) and self.scheme.detect_fill
         excess = None
-        if fill and self._prev_gamma == 0:
+        if fill and src == "draft" and (prev_gamma == 0 or prev_src != "draft"):  # the draft resumes
             plain = self.estimator.plain_step_time(c, b, fb.prefill_tokens)
             excess = None if plain is None else max(0.0, fb.step_time_s - plain)
-        self._prev_gamma = fb.gamma
+        self._prev = (src, fb.gamma)
         self.switch.observe(fb, c, excess)
         if self.switch.ema is not None:
             self.stats.switch_cost_s_ema = self.switch.ema
-        self.gate.observe(fb.num_draft_tokens, fb.num_accepted_tokens)
+        self.gates[src].observe(fb.num_draft_tokens, fb.num_accepted_tokens)
         self.prefill.observe_workload(fb.prefill_tokens, fb.tokens_emitted)
-        i = self._arm_idx.get(fb.gamma)
+        i = self.armset.of(src, fb.gamma)
         if i is None or fill:
             return
         bk = self.buckets[c]
@@ -203,8 +226,9 @@ class NightjarPolicy:
         normf = max(1, b) / bk.lo if self.estimator.normalise else 1.0
         scale = normf / tokens
         if self.estimator.correct_prefill:
-            self.prefill.regress(cell, p, t, fb.gamma > 0)
-            loss = max(t - self.prefill.slope(fb.gamma > 0) * p, 0.05 * t) * scale
+            on = self.armset.drafting[i]
+            self.prefill.regress(cell, p, t, on)
+            loss = max(t - self.prefill.slope(on) * p, 0.05 * t) * scale
         else:
             loss = t * scale
         cell.observe(bk.w, loss, tokens, t, p, normf, scale, b, self.scheme.ratio_of_sums)
@@ -220,8 +244,12 @@ class NightjarPolicy:
         if self._slo is not None:
             known = [(x.tpot / x.n, i) for i, x in enumerate(cells) if x.n > 0]
             cand = [i for i, x in enumerate(cells) if x.n <= 0 or x.tpot / x.n <= self._slo] or [min(known)[1]]
-        if self.gate.closed():
-            cand = [i for i in cand if self._arms[i] == 0] or cand
+        g, src = self._arms, self.armset.source
+        closed = {s for s, gate in self.gates.items() if gate.closed()}
+        if closed:
+            cand = [i for i in cand if g[i] == 0 or src[i] not in closed] or cand
+        if not self.draft_available:
+            cand = [i for i in cand if not self.armset.drafting[i]] or cand
         return cand
 
     def _new_bin(self, c: int) -> int:
@@ -238,13 +266,13 @@ class NightjarPolicy:
         means, counts = self.estimator.estimates(c)
         self.flips.note_gain(c, means)
         cand = self._candidates(c)
-        on_now = self.current_gamma > 0
+        on_now = self._drafting_now()
         eff = [(m + self.flips.penalty(c, i, on_now)) if m is not None else None for i, m in enumerate(means)]
         known = [i for i in cand if eff[i] is not None]
         best = -1
         if known:
             best = min(known, key=lambda i: eff[i])  # type: ignore[arg-type, return-value]
-            cur = self._arm_idx.get(self.current_gamma)
+            cur = self.armset.of(self.current_source, self.current_gamma)
             if self._hyst > 0 and cur is not None and cur in known and cur != best:
                 if eff[best] > eff[cur] * (1.0 - self._hyst):  # type: ignore[operator]
                     best = cur
@@ -258,7 +286,9 @@ class NightjarPolicy:
                 if choice != best:
                     st.explore_bins += 1
                     sc.exploring = True
-                    sc.left = self.explorer.hold(k, choice, sc.left, self._arms[choice] > self.current_gamma)
+                    raising = self._arms[choice] > self.current_gamma or (
+                        self._arms[choice] > 0 and self.armset.source[choice] != self.current_source)
+                    sc.left = self.explorer.hold(k, choice, sc.left, raising)
         if choice < 0:
             choice = self.rng.choice(cand)
         sc.arm = choice
@@ -270,10 +300,10 @@ class NightjarPolicy:
         was decided while the engine was in the other state): keep the current on/off state unless
         the held arm still wins with the switching cost charged."""
         means, counts = self.estimator.estimates(c)
-        on_now = self.current_gamma > 0
+        on_now = self._drafting_now()
         if self._step_price and on_now:
             means = self._priced_at_step(c, means, prompt_tokens)
-        same = [i for i in self._candidates(c) if means[i] is not None and (self._arms[i] > 0) == on_now]
+        same = [i for i in self._candidates(c) if means[i] is not None and self.armset.drafting[i] == on_now]
         if not same:
             return a
         alt = min(same, key=lambda i: means[i])  # type: ignore[arg-type, return-value]
@@ -293,7 +323,7 @@ class NightjarPolicy:
         own price decides, as for a turn-off (``_priced_at_step``). Beyond a tie the bucket's
         preference stands: turning off there would be undone at the next step, with a catch-up of
         the same prompts plus a fill step."""
-        i0 = self._arm_idx.get(0)
+        i0 = self.armset.of("draft", 0)
         if i0 is None:
             return a
         means, _ = self.estimator.estimates(c)
@@ -320,7 +350,7 @@ class NightjarPolicy:
         mean_charge = est.draft_prefill_charge(c)
         return [
             m - mean_charge + est.in_bucket_units(c, slope * prompt_tokens / est.tokens_per_step(c, i))
-            if m is not None and self._arms[i] > 0 else m
+            if m is not None and self.armset.drafting[i] else m
             for i, m in enumerate(means)
         ]
 
@@ -344,17 +374,17 @@ class NightjarPolicy:
         """Seconds per generated token charged to gamma > 0 for the running draft's prefill."""
         return self.prefill.per_generated_token()
 
-    def estimates(self, batch_size: int) -> dict[int, float | None]:
-        """gamma -> smoothed mean loss (seconds per token, in the bucket's units) at this batch."""
+    def estimates(self, batch_size: int) -> dict[tuple[str, int], float | None]:
+        """(source, gamma) -> smoothed mean loss (seconds per token, in the bucket's units) at this batch."""
         means, _ = self.estimator.estimates(self.bucket(batch_size))
-        return dict(zip(self._arms, means, strict=True))
+        return dict(zip(self.armset.keys, means, strict=True))
 
     def snapshot(self) -> PlannerPriors:
         """Own evidence (priors included, neighbours not) per (bucket_lo, gamma): mean loss and count.
         The result is a valid ``PlannerPriors``, so a fleet can average snapshots and push them back."""
         entries = []
         for c, bk in enumerate(self.buckets):
-            for i, g in enumerate(self._arms):
+            for g, i in self.armset.draft_index().items():  # priors are about the draft model's arms
                 m = self.estimator.own_mean(c, i)
                 if m is not None and m > 0:
                     x = bk.cells[i]

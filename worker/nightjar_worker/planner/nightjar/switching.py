@@ -51,10 +51,11 @@ class SwitchCost:
             sw[2] = f * sw[2] + y
             sw[3] = f * sw[3] + x * x
             sw[4] = f * sw[4] + x * y
-        if fb.gamma == 0 and fb.draft_lag_tokens is not None:
+        draft_off = fb.gamma == 0 or fb.source != "draft"  # an n-gram step does not run the draft either
+        if draft_off and fb.draft_lag_tokens is not None:
             # the engine's count (running requests only), plus what this step adds
             self.off_tokens = fb.draft_lag_tokens + fb.tokens_emitted + fb.prefill_tokens
-        elif fb.gamma == 0:
+        elif draft_off:
             # a guess: requests that finish take their share away (~1/256 per step)
             self.off_tokens = self.off_tokens * LAG_DECAY + fb.tokens_emitted + fb.prefill_tokens
         else:

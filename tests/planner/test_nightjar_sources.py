@@ -1,0 +1,86 @@
+"""Nightjar over (source, gamma) arms: the draft model and prompt lookup (n-gram) drafts."""
+
+from __future__ import annotations
+
+import random
+
+from nightjar_contract.planner import PlannerConfig
+from nightjar_worker.planner.nightjar import NightjarPolicy
+from nightjar_worker.planner.policy import DraftAware, SourcePolicy, StepFeedback
+
+# Per-token loss at batch 4 (seconds) and acceptance per source: the draft pays most at gamma 3,
+# n-gram drafts (no draft forward) pay at gamma 2, less than the draft.
+LOSS = {("draft", 0): 0.010, ("draft", 1): 0.008, ("draft", 2): 0.007, ("draft", 3): 0.0065,
+        ("ngram", 1): 0.0088, ("ngram", 2): 0.0078, ("ngram", 3): 0.0092}
+
+
+def run(pol: NightjarPolicy, steps: int, loss: dict = LOSS, acc: dict | None = None, batch: int = 4,
+        seed: int = 0, draft_available: bool = True) -> list[tuple[str, int]]:
+    """``acc``: acceptance per source (default 0.5); the first step of a new source or a higher
+    gamma verifies nothing (pipeline fill); resuming the draft costs a 0.05 s catch-up."""
+    acc = acc or {"draft": 0.5, "ngram": 0.5}
+    rng = random.Random(seed)
+    pol.set_draft_available(draft_available)
+    out: list[tuple[str, int]] = []
+    prev = ("draft", 0)
+    for _ in range(steps):
+        g = pol.decide(batch)
+        src = pol.source() if g > 0 else "draft"
+        assert draft_available or src == "ngram" or g == 0
+        fill = g > prev[1] or (g > 0 and src != prev[0])
+        resume = src == "draft" and g > 0 and (prev[1] == 0 or prev[0] != "draft")
+        key = (src, g)
+        drafted = 0 if fill else batch * g
+        accepted = sum(rng.random() < acc[src] for _ in range(drafted))
+        tokens = batch + accepted if not fill else batch
+        t = loss[key] * batch * (1 + g / 2) * (1 + 0.03 * rng.gauss(0, 1))
+        pol.observe(StepFeedback(batch_size=batch, gamma=g, step_time_s=t, tokens_emitted=tokens,
+                                 num_draft_tokens=drafted, num_accepted_tokens=accepted,
+                                 switch_cost_s=0.05 if resume else 0.0, source=src,
+                                 draft_lag_tokens=10 if src != "draft" or g == 0 else None))
+        out.append(key)
+        prev = key
+    return out
+
+
+def test_the_planner_is_source_and_draft_aware():
+    pol = NightjarPolicy(PlannerConfig(max_gamma=3, ngram_arms=[1, 2, 3]))
+    assert isinstance(pol, SourcePolicy) and isinstance(pol, DraftAware)
+    assert pol.arms == (0, 1, 2, 3)
+
+
+def test_without_ngram_arms_only_the_draft_model_is_played():
+    pol = NightjarPolicy(PlannerConfig(max_gamma=3))
+    assert {s for s, _ in run(pol, 500)} == {"draft"}
+
+
+def test_with_the_draft_resident_it_speculates_with_the_draft_and_without_it_with_ngram_drafts():
+    pol = NightjarPolicy(PlannerConfig(max_gamma=3, ngram_arms=[1, 2, 3], seed=1))
+    late = run(pol, 2500)[-500:]
+    assert late.count(("draft", 3)) >= 400
+    off = run(pol, 2500, draft_available=False)[-500:]  # the draft offloaded: n-gram drafts, not gamma 0
+    assert not any(s == "draft" and g > 0 for s, g in off)
+    assert off.count(("ngram", 2)) >= 350
+
+
+def test_the_acceptance_gate_is_per_source():
+    # prompt lookup never matches on this content: its gate closes and its arms are no longer
+    # played, even where their step time alone would look cheap; the draft's gate stays open
+    pol = NightjarPolicy(PlannerConfig(max_gamma=3, ngram_arms=[1, 2, 3], seed=2))
+    for _ in range(20):
+        pol.observe(StepFeedback(batch_size=4, gamma=2, step_time_s=0.01, tokens_emitted=4, num_draft_tokens=8,
+                                 source="ngram"))
+    assert pol.gates["ngram"].closed() and not pol.gates["draft"].closed()
+    cheap = {**LOSS, ("ngram", 1): 0.001, ("ngram", 2): 0.001, ("ngram", 3): 0.001}
+    late = run(pol, 1500, loss=cheap, acc={"draft": 0.6, "ngram": 0.0})
+    assert not any(s == "ngram" for s, _ in late)
+    assert late[-500:].count(("draft", 3)) >= 400
+
+
+def test_an_ngram_step_is_draft_off_for_the_switching_cost():
+    # going from n-gram drafts back to the draft is a resume (C_switch is learnt from it), while
+    # switching to n-gram drafts is a turn-off of the draft model, counted as such
+    pol = NightjarPolicy(PlannerConfig(max_gamma=3, ngram_arms=[2], seed=3))
+    run(pol, 1500, draft_available=False)
+    run(pol, 1500)
+    assert pol.stats.switches_on >= 1 and pol.switch.ema is not None and pol.switch.ema >= 0.05
