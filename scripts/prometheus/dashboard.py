@@ -207,8 +207,10 @@ def overview() -> dict[str, Any]:
         unit="short"))
     L.add(timeseries(
         "Steps / s per arm",
-        "Decoding steps per second by chosen gamma (nightjar_steps_total), stacked: the arm mix.",
-        [target(f"sum by (gamma) (rate(nightjar_steps_total{{{S}}}[{RI}]))", "gamma={{gamma}}")], unit="short", stack=True))
+        "Decoding steps per second by chosen gamma and source of drafts (nightjar_steps_total: draft model or "
+        "n-gram prompt lookup), stacked: the arm mix.",
+        [target(f"sum by (gamma, source) (rate(nightjar_steps_total{{{S}}}[{RI}]))", "{{source}} gamma={{gamma}}")],
+        unit="short", stack=True))
     L.add(timeseries(
         "Batch size p50 / p95",
         "Requests in the decoding batch per step (nightjar_batch_size): the planner's context.",
@@ -272,14 +274,17 @@ def overview() -> dict[str, Any]:
     L.row("Draft acceptance per arm")
     L.add(timeseries(
         "Acceptance rate per arm (interval)",
-        "Accepted / verified draft tokens per gamma (nightjar_accepted_tokens_total / nightjar_draft_tokens_total).",
-        [target(f"sum by (gamma) (rate(nightjar_accepted_tokens_total{{{S}}}[{RI}])) / "
-                f"(sum by (gamma) (rate(nightjar_draft_tokens_total{{{S}}}[{RI}])) > 0)", "gamma={{gamma}}")],
+        "Accepted / verified draft tokens per gamma and source (nightjar_accepted_tokens_total / "
+        "nightjar_draft_tokens_total).",
+        [target(f"sum by (gamma, source) (rate(nightjar_accepted_tokens_total{{{S}}}[{RI}])) / "
+                f"(sum by (gamma, source) (rate(nightjar_draft_tokens_total{{{S}}}[{RI}])) > 0)",
+                "{{source}} gamma={{gamma}}")],
         unit="percentunit"), w=12)
     L.add(timeseries(
         "Acceptance rate per arm (worker estimate)",
-        "The worker's decayed recent acceptance per gamma (nightjar_acceptance_rate), averaged over workers.",
-        [target(f"avg by (gamma) (nightjar_acceptance_rate{{{S}}})", "gamma={{gamma}}")], unit="percentunit"), w=12)
+        "The worker's decayed recent acceptance per gamma and source (nightjar_acceptance_rate), averaged over workers.",
+        [target(f"avg by (gamma, source) (nightjar_acceptance_rate{{{S}}})", "{{source}} gamma={{gamma}}")],
+        unit="percentunit"), w=12)
 
     # ---- Switching --------------------------------------------------------------------------------
     L.row("Switching (speculation on/off) and C_switch")

@@ -20,19 +20,26 @@ def v(name, **labels):
 
 def test_step_recording_counts_arms_switches_and_acceptance():
     m = WorkerMetrics(acceptance_decay=1.0)
-    s0, on0, off0 = v("nightjar_steps_total", gamma="3"), v("nightjar_switches_total", direction="on"), v(
+    d, n = {"gamma": "3", "source": "draft"}, {"gamma": "3", "source": "ngram"}
+    s0, on0, off0 = v("nightjar_steps_total", **d), v("nightjar_switches_total", direction="on"), v(
         "nightjar_switches_total", direction="off")
-    d0, a0 = v("nightjar_draft_tokens_total", gamma="3"), v("nightjar_accepted_tokens_total", gamma="3")
+    d0, a0 = v("nightjar_draft_tokens_total", **d), v("nightjar_accepted_tokens_total", **d)
+    nd0, na0 = v("nightjar_draft_tokens_total", **n), v("nightjar_accepted_tokens_total", **n)
     m.observe_step(0, 4)
     m.observe_step(3, 4, num_draft_tokens=12, num_accepted_tokens=6)
     m.observe_step(3, 4, num_draft_tokens=12, num_accepted_tokens=12)
     m.observe_step(0, 8)
-    assert v("nightjar_steps_total", gamma="3") - s0 == 2
+    # n-gram drafts: counted under their source; the draft model stays off (no switch either way)
+    m.observe_step(3, 8, num_draft_tokens=24, num_accepted_tokens=6, source="ngram")
+    m.observe_step(0, 8)
+    assert v("nightjar_steps_total", **d) - s0 == 2
     assert v("nightjar_switches_total", direction="on") - on0 == 1
     assert v("nightjar_switches_total", direction="off") - off0 == 1
-    assert v("nightjar_draft_tokens_total", gamma="3") - d0 == 24
-    assert v("nightjar_accepted_tokens_total", gamma="3") - a0 == 18
-    assert v("nightjar_acceptance_rate", gamma="3") == pytest.approx(18 / 24)
+    assert v("nightjar_draft_tokens_total", **d) - d0 == 24
+    assert v("nightjar_accepted_tokens_total", **d) - a0 == 18
+    assert v("nightjar_acceptance_rate", **d) == pytest.approx(18 / 24)
+    assert (v("nightjar_draft_tokens_total", **n) - nd0, v("nightjar_accepted_tokens_total", **n) - na0) == (24, 6)
+    assert v("nightjar_acceptance_rate", **n) == pytest.approx(6 / 24)
     assert v("nightjar_gamma_current") == 0
 
 
@@ -95,7 +102,7 @@ def test_metrics_recorded_in_another_process_are_served_here(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", server], env=env, check=True, timeout=60, capture_output=True,
                          text=True).stdout
-    assert 'nightjar_steps_total{gamma="4"} 2.0' in out
+    assert 'nightjar_steps_total{gamma="4",source="draft"} 2.0' in out
     assert "nightjar_gamma_chosen_count 3.0" in out
     assert 'nightjar_planner_loss_seconds{bucket="8",gamma="4"} 0.004' in out
     assert "nightjar_gamma_current 4.0" in out  # mostrecent gauge, no pid label

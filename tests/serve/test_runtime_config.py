@@ -186,12 +186,12 @@ def test_engine_control_records_metrics_and_applies_updates(tmp_path, monkeypatc
     path = tmp_path / "c.yaml"
     write_config_atomically(path, WorkerRuntimeConfig(priors=PRIORS))
     ctl = EngineControl(4, config_path=path, poll_s=0, snapshot_every_s=3600.0)
-    steps0 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g)}) or 0 for g in range(5))
+    steps0 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g), "source": "draft"}) or 0 for g in range(5))
     for i in range(20):
         g, _ = ctl.decide(1)
         ctl.observe(StepFeedback(step=i, batch_size=1, num_reqs=1, gamma=g, step_time_s=0.01, tokens_emitted=1 + g,
                               num_draft_tokens=g, num_accepted_tokens=g))
-    steps1 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g)}) or 0 for g in range(5))
+    steps1 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g), "source": "draft"}) or 0 for g in range(5))
     assert steps1 - steps0 == 20
     # the first step exported the estimates even though the next export is an hour away
     assert REGISTRY.get_sample_value("nightjar_planner_loss_seconds", {"bucket": "1", "gamma": "0"}) is not None

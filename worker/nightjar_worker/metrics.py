@@ -42,18 +42,26 @@ _MP = "mostrecent"
 # --- planner / executor ----------------------------------------------------------------------------
 gamma_chosen = Histogram("nightjar_gamma_chosen", "Speculation length chosen per decoding step", buckets=GAMMA_BUCKETS)
 gamma_current = Gauge("nightjar_gamma_current", "Speculation length of the latest step", multiprocess_mode=_MP)
-steps_total = Counter("nightjar_steps_total", "Decoding steps run, by chosen gamma", ["gamma"])
+steps_total = Counter(
+    "nightjar_steps_total", "Decoding steps run, by chosen gamma and source of drafts (draft, ngram)", ["gamma", "source"]
+)
 switches_total = Counter(
-    "nightjar_switches_total", "Speculation switched on (0 -> k) or off (k -> 0)", ["direction"]
+    "nightjar_switches_total", "The draft model started (on: 0 or n-gram -> draft k) or stopped drafting (off)",
+    ["direction"]
 )
 switch_cost_seconds = Histogram(
     "nightjar_switch_cost_seconds", "Measured C_switch: draft KV catch-up time on resume", buckets=SWITCH_BUCKETS
 )
 acceptance_rate = Gauge(
-    "nightjar_acceptance_rate", "Recent per-token draft acceptance rate, by gamma", ["gamma"], multiprocess_mode=_MP
+    "nightjar_acceptance_rate", "Recent per-token draft acceptance rate, by gamma and source", ["gamma", "source"],
+    multiprocess_mode=_MP,
 )
-draft_tokens_total = Counter("nightjar_draft_tokens_total", "Draft tokens verified, by gamma", ["gamma"])
-accepted_tokens_total = Counter("nightjar_accepted_tokens_total", "Draft tokens accepted, by gamma", ["gamma"])
+draft_tokens_total = Counter(
+    "nightjar_draft_tokens_total", "Draft tokens verified, by gamma and source", ["gamma", "source"]
+)
+accepted_tokens_total = Counter(
+    "nightjar_accepted_tokens_total", "Draft tokens accepted, by gamma and source", ["gamma", "source"]
+)
 planner_loss_seconds = Gauge(
     "nightjar_planner_loss_seconds",
     "Planner's mean loss estimate (seconds per generated token) per (batch bucket lower edge, gamma)",
@@ -145,8 +153,8 @@ class WorkerMetrics:
 
     def __init__(self, acceptance_decay: float = 0.98) -> None:
         self._decay = acceptance_decay
-        self._acc: dict[int, list[float]] = {}  # gamma -> [decayed accepted, decayed drafted]
-        self._last_gamma: int | None = None
+        self._acc: dict[tuple[str, int], list[float]] = {}  # (source, gamma) -> [decayed accepted, decayed drafted]
+        self._last_drafting: bool | None = None
         self._conflicts = (0, 0)  # the policy's cumulative (dropped, rescaled) last seen
         for action in ("dropped", "rescaled"):  # present at 0, so rate() reads 0, not "no data"
             planner_prior_conflicts_total.labels(action=action)
@@ -155,23 +163,25 @@ class WorkerMetrics:
     def observe_decision(self, seconds: float) -> None:
         planner_decision_seconds.observe(seconds)
 
-    def observe_step(self, gamma: int, batch: int, num_draft_tokens: int = 0, num_accepted_tokens: int = 0) -> None:
+    def observe_step(self, gamma: int, batch: int, num_draft_tokens: int = 0, num_accepted_tokens: int = 0,
+                     source: str = "draft") -> None:
         g = str(gamma)
         gamma_chosen.observe(gamma)
         gamma_current.set(gamma)
-        steps_total.labels(gamma=g).inc()
+        steps_total.labels(gamma=g, source=source).inc()
         batch_size.observe(batch)
         if num_draft_tokens > 0:
-            draft_tokens_total.labels(gamma=g).inc(num_draft_tokens)
-            accepted_tokens_total.labels(gamma=g).inc(num_accepted_tokens)
-            s = self._acc.setdefault(gamma, [0.0, 0.0])
+            draft_tokens_total.labels(gamma=g, source=source).inc(num_draft_tokens)
+            accepted_tokens_total.labels(gamma=g, source=source).inc(num_accepted_tokens)
+            s = self._acc.setdefault((source, gamma), [0.0, 0.0])
             s[0] = s[0] * self._decay + num_accepted_tokens
             s[1] = s[1] * self._decay + num_draft_tokens
-            acceptance_rate.labels(gamma=g).set(s[0] / s[1])
-        prev = self._last_gamma
-        if prev is not None and (prev == 0) != (gamma == 0):
-            switches_total.labels(direction="on" if gamma > 0 else "off").inc()
-        self._last_gamma = gamma
+            acceptance_rate.labels(gamma=g, source=source).set(s[0] / s[1])
+        drafting = gamma > 0 and source == "draft"
+        prev = self._last_drafting
+        if prev is not None and prev != drafting:
+            switches_total.labels(direction="on" if drafting else "off").inc()
+        self._last_drafting = drafting
 
     def observe_prior_conflicts(self, dropped: int, rescaled: int) -> None:
         """The policy's cumulative prior-conflict counts (``PlannerStats``); a count below the last

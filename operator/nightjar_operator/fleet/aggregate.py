@@ -101,11 +101,13 @@ def _first_value(scrape: Scrape, names: tuple[str, ...]) -> float | None:
 
 
 def _per_gamma(scrape: Scrape, name: str) -> dict[int, float]:
+    """Per gamma, the draft model's series only: n-gram drafts (source="ngram") are not the pair's
+    acceptance (series without the label come from workers that had only the draft model)."""
     out: dict[int, float] = {}
-    for k, v in scrape.by_label(name, "gamma").items():
-        g = _int_label(k)
-        if g is not None and g >= 0 and not math.isnan(v):
-            out[g] = out.get(g, 0.0) + v
+    for s in scrape.series(name):
+        g = _int_label(s.label("gamma") or "")
+        if g is not None and g >= 0 and not math.isnan(s.value) and (s.label("source") or "draft") == "draft":
+            out[g] = out.get(g, 0.0) + s.value
     return out
 
 

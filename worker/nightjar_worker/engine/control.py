@@ -180,7 +180,8 @@ class EngineControl:
                 gate_closed = view.acceptance_gate_closed()
                 draft_prefill = view.draft_prefill_per_token()
         if self.metrics is not None:
-            self.metrics.observe_step(rec.gamma, rec.batch_size, rec.num_draft_tokens, rec.num_accepted_tokens)
+            self.metrics.observe_step(rec.gamma, rec.batch_size, rec.num_draft_tokens, rec.num_accepted_tokens,
+                                      rec.source)
             if rec.switch_cost_s > 0:
                 self.metrics.observe_switch_cost(rec.switch_cost_s)
             if conflicts is not None:
