@@ -1,5 +1,5 @@
 # Serving area: the worker's API server, the demo and the serving benchmark (see docs/serving.md).
-.PHONY: serve demo bench-serve bench-cpu-gemm readme-results
+.PHONY: serve demo bench-serve bench-ngram bench-cpu-gemm readme-results
 
 PORT ?= 8000
 
@@ -11,6 +11,9 @@ demo: install models ## low -> high -> low load on the bundled pair; live gamma/
 
 bench-serve: install models ## every policy under closed-loop load on the real server (QUICK=1: c=1 and saturation)
 	$(PY) -m benchmarks.bench_serve
+
+bench-ngram: install models ## prompt lookup beside the draft model: every policy, repeating vs fresh prompts, draft resident and offloaded
+	$(PY) -m benchmarks.bench_ngram
 
 bench-cpu-gemm: install ## bf16 vs fp32 GEMM cost per row count on this CPU (why the Qwen pair serves in float32)
 	$(PY) -m benchmarks.bench_cpu_gemm

@@ -66,6 +66,9 @@ class PlannerConfig(BaseModel):
     )
     max_batch: int = Field(256, ge=1)
     static_gamma: int | None = Field(None, description="gamma for policy 'static' (default K)")
+    static_source: Literal["draft", "ngram"] = Field(
+        "draft", description="where policy 'static' takes its drafts: the draft model or prompt lookup (n-gram)"
+    )
     gamma_table: dict[int, int] | None = Field(
         None, description="batch size -> gamma (vLLM num_speculative_tokens_per_batch_size semantics)"
     )

@@ -38,7 +38,7 @@ def build_policy(config: PlannerConfig, profile: CostProfile | None = None) -> G
         from nightjar_worker.planner.static import StaticPolicy
 
         g = config.static_gamma if config.static_gamma is not None else max(arms)
-        return StaticPolicy(g, arms)
+        return StaticPolicy(g, arms, config.static_source)
     if p == "table":
         from nightjar_worker.planner.table import TablePolicy
 

@@ -1,0 +1,192 @@
+"""``make bench-ngram``: prompt lookup (n-gram) drafts beside the draft model, on the real worker.
+
+One Nightjar-scheduler server per memory setting (K=4), its policy switched through the admin
+endpoint between runs (bench-serve's switch mode), every policy on the same prompts and loads:
+
+* ``nosd``            gamma 0 every step;
+* ``draft-k``         the draft model, gamma k, every step;
+* ``ngram-k``         prompt lookup, gamma k, every step (vLLM's ngram method, in the same engine);
+* ``nightjar-draft``  Nightjar over gamma 0 and the draft model's arms;
+* ``nightjar-both``   Nightjar over gamma 0, the draft's arms and the n-gram arms.
+
+Prompts: Spec-Bench categories in two groups, ``repeats`` (answers quote their prompt:
+summarization, extraction, coding) and ``fresh`` (writing, roleplay, qa); how much each group
+repeats is measured in the run (the n-gram drafts' acceptance under ``ngram-k``). Loads: closed
+loop at concurrency 1 and 8 (QUICK: 1 and 4), each preceded by one unmeasured wave. Settings:
+``resident`` (the draft's weights in memory) and ``tight`` (elastic memory pinned offloaded: the
+draft cannot run, its bytes are KV cache; draft arms fall back to gamma 0, n-gram arms still run).
+Lossless: a fixed prompt set at c=1 gives identical text under every policy (greedy).
+
+Writes ``benchmarks/results/ngram[-pair]/{results.json,table.md}`` (QUICK: ``.../quick/``). Last line:
+``RESULT ngram_vs_nosd_c1=... both_vs_best_single_source=... tight_both_vs_nosd_c1=... lossless=...``
+(``both_vs_best_single_source``: geometric mean over groups and loads of nightjar-both's tok/s over
+the best of the other adaptive and static policies in that cell, so the static oracle of each cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from nightjar_worker import loadgen
+from nightjar_worker.serve import ServerProcess
+
+from benchmarks.common import is_quick, print_result, print_table, results_dir, write_json
+from benchmarks.serving import ADMIN_TOKEN, PAIRS, openai_client, pair_args, set_cpu_env
+
+K = 4
+GROUPS = {"repeats": ("summarization", "extraction", "coding"), "fresh": ("writing", "roleplay", "qa")}
+
+
+def policy_bodies(quick: bool) -> dict[str, dict]:
+    gammas = (2, 4) if quick else (1, 2, 3, 4)
+    out: dict[str, dict] = {"nosd": {"policy": "nosd"}}
+    for k in gammas:
+        out[f"draft-{k}"] = {"policy": "static", "static_gamma": k}
+    for k in gammas:
+        out[f"ngram-{k}"] = {"policy": "static", "static_gamma": k, "static_source": "ngram"}
+    out["nightjar-draft"] = {"policy": "nightjar"}
+    out["nightjar-both"] = {"policy": "nightjar", "ngram_arms": list(range(1, K + 1))}
+    return {name: {"planner": {"max_gamma": K, **body}} for name, body in out.items()}
+
+
+def switch(url: str, body: dict) -> None:
+    import httpx
+
+    r = httpx.post(url + "/nightjar/v1/config", json=body, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                   timeout=60)
+    if r.status_code != 200 or r.json().get("status") != "applied":
+        raise RuntimeError(f"switching to {body} failed: {r.status_code} {r.text}")
+
+
+def _delta(before: dict, after: dict, name: str, **labels: str) -> float:
+    return loadgen.metric_sum(after, name, **labels) - loadgen.metric_sum(before, name, **labels)
+
+
+async def measure(srv: ServerProcess, prompts: list, c: int, n: int, max_tokens: int) -> dict[str, Any]:
+    import httpx
+
+    client = openai_client(srv.url)
+    model = srv.model_name()
+    async with httpx.AsyncClient(timeout=30) as http:
+        await loadgen.run_closed_loop(client, model, prompts[n:], c, n, max_tokens=max_tokens)  # unmeasured wave
+        before = await loadgen.scrape(http, srv.url)
+        recs = await loadgen.run_closed_loop(client, model, prompts[:n], c, n, max_tokens=max_tokens)
+        after = await loadgen.scrape(http, srv.url)
+    await client.close()
+    s = loadgen.summarize(recs).as_dict()
+    for src in ("draft", "ngram"):
+        drafted = _delta(before, after, "nightjar_draft_tokens_total", source=src)
+        s[f"{src}_drafted"] = drafted
+        s[f"{src}_acceptance"] = _delta(before, after, "nightjar_accepted_tokens_total", source=src) / drafted \
+            if drafted else None
+    return s
+
+
+async def texts(srv: ServerProcess, prompts: list, max_tokens: int) -> list[str]:
+    client = openai_client(srv.url)
+    recs = await loadgen.run_closed_loop(client, srv.model_name(), prompts, 1, len(prompts), max_tokens=max_tokens)
+    await client.close()
+    return [r.text if r.error is None else f"<error {r.error}>" for r in recs]
+
+
+def run_setting(setting: str, pair: str, out: Path, quick: bool, max_tokens: int) -> dict[str, Any]:
+    env = {"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN}
+    if setting == "tight":
+        env["NIGHTJAR_MEMORY"] = json.dumps({"enabled": True, "mode": "offloaded"})
+    conc = (1, 4) if quick else (1, 8)
+    t0 = time.perf_counter()
+    print(f"[{setting}] starting the server ...", flush=True)
+    res: dict[str, Any] = {"cells": {}, "texts": {}}
+    with ServerProcess([*pair_args(pair), "--scheduler", "nightjar", "--num-speculative-tokens", str(K)], env=env,
+                       log_path=out / f"server-{setting}.log") as srv:
+        res["server_start_s"] = round(time.perf_counter() - t0, 1)
+        pool = loadgen.fit_to_context(srv.url, srv.model_name(), loadgen.load_prompts(), max_tokens)
+        sets = {g: [p for p in pool if p.category in cats] for g, cats in GROUPS.items()}
+        lossless = [ps[0] for ps in sets.values()] + [ps[1] for ps in sets.values()]
+        for name, body in policy_bodies(quick).items():
+            if setting == "tight" and name.startswith("draft-"):
+                continue  # the draft cannot run: these are nosd
+            switch(srv.url, body)
+            res["texts"][name] = asyncio.run(texts(srv, lossless, max_tokens))
+            for g, ps in sets.items():
+                for c in conc:
+                    n = (3 if quick else 8) * c
+                    s = asyncio.run(measure(srv, ps, c, n, max_tokens))
+                    res["cells"][f"{name}|{g}|{c}"] = s
+                    acc = s["ngram_acceptance"] if s["ngram_drafted"] else s["draft_acceptance"]
+                    print(f"  {name:15s} {g:8s} c={c}  {s['output_tok_s']:7.1f} tok/s  "
+                          f"acceptance {'-' if acc is None else f'{acc:.2f}'}", flush=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pair", choices=PAIRS, default=os.environ.get("PAIR") or "bundled")
+    ap.add_argument("--max-tokens", type=int, default=None)
+    args = ap.parse_args(argv)
+    quick = is_quick()
+    set_cpu_env()
+    max_tokens = args.max_tokens or (48 if quick else 128)
+    name = "ngram" if args.pair == "bundled" else f"ngram-{args.pair}"
+    out = results_dir(f"{name}/quick" if quick else name)
+    results = {s: run_setting(s, args.pair, out, quick, max_tokens) for s in ("resident", "tight")}
+
+    def tok_s(setting: str, pol: str, g: str, c: int) -> float | None:
+        cell = results[setting]["cells"].get(f"{pol}|{g}|{c}")
+        return cell["output_tok_s"] if cell else None
+
+    rows, ratios = [], []
+    for setting, res in results.items():
+        pols = sorted({k.split("|")[0] for k in res["cells"]}, key=list(policy_bodies(quick)).index)
+        cells = sorted({tuple(k.split("|")[1:]) for k in res["cells"]})
+        for g, c in cells:
+            base = tok_s(setting, "nosd", g, int(c)) or float("nan")
+            acc = max((res["cells"][f"{p}|{g}|{c}"]["ngram_acceptance"] or 0.0 for p in pols if p.startswith("ngram-")),
+                      default=0.0)
+            row = [setting, g, c, f"{acc:.2f}"]
+            for p in pols:
+                v = tok_s(setting, p, g, int(c))
+                row.append("-" if v is None else f"{v:.1f} ({v / base:.2f})")
+            rows.append((pols, row))
+            if setting == "resident":
+                both = tok_s(setting, "nightjar-both", g, int(c))
+                others = [tok_s(setting, p, g, int(c)) for p in pols if p != "nightjar-both"]
+                best = max(v for v in others if v is not None)
+                if both:
+                    ratios.append(both / best)
+    text = []
+    for setting in results:
+        pols = next(p for p, r in rows if r[0] == setting)
+        text.append(print_table(
+            f"bench-ngram ({args.pair}, {setting}): output tok/s (ratio to nosd)",
+            ["setting", "group", "c", "n-gram acc", *pols], [r for p, r in rows if r[0] == setting],
+            notes="n-gram acc: the best static n-gram arm's acceptance in that cell (how much the group repeats "
+                  "its prompt)."))
+    (out / "table.md").write_text("\n\n".join(text) + "\n")
+
+    def best_ngram(setting: str, g: str, c: int) -> float:
+        return max(v for p, v in ((p, tok_s(setting, p, g, c)) for p in policy_bodies(quick)) if p.startswith("ngram-")
+                   and v is not None)
+
+    ngram_c1 = best_ngram("resident", "repeats", 1) / tok_s("resident", "nosd", "repeats", 1)
+    tight = tok_s("tight", "nightjar-both", "repeats", 1) / tok_s("tight", "nosd", "repeats", 1)
+    texts_all = [t for s in results.values() for t in s["texts"].values()]
+    lossless = all(t == texts_all[0] for t in texts_all)
+    summary = {"pair": args.pair, "quick": quick, "max_tokens": max_tokens, "K": K,
+               "ngram_vs_nosd_c1": ngram_c1, "both_vs_best_single_source": math.prod(ratios) ** (1 / len(ratios)),
+               "tight_both_vs_nosd_c1": tight, "lossless": lossless, "results": results}
+    write_json(out / "results.json", summary)
+    print_result(ngram_vs_nosd_c1=f"{ngram_c1:.3f}", both_vs_best_single_source=f"{summary['both_vs_best_single_source']:.3f}",
+                 tight_both_vs_nosd_c1=f"{tight:.3f}", lossless=str(lossless).lower())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
