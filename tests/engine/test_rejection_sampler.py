@@ -24,7 +24,13 @@ N = 10000
 def _cpu_kernels() -> None:
     # What the CPU worker does at start-up: the sampler's Triton kernels get their C++ fallbacks.
     from vllm.platforms import current_platform
+    from vllm.triton_utils import dispatcher
 
+    # An engine built earlier in this process registered them already; registering again rescans
+    # sys.modules, which trips over llvmlite's lazy function table once numba is imported (the
+    # n-gram proposer imports it).
+    if getattr(dispatcher, "_registry", None):
+        return
     if hasattr(current_platform, "import_kernels"):
         current_platform.import_kernels()
     if hasattr(current_platform, "register_triton_kernel_overrides"):

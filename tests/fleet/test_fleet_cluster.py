@@ -325,6 +325,7 @@ def test_real_worker_metrics_reach_priors_and_slo(fleet: Fleet, tmp_path, monkey
             return f"http://{self.ip}:{self.port}"
 
     monkeypatch.setenv("NIGHTJAR_FLEET_SLO_WINDOW_S", "3600")  # a CPU worker is slow: keep every request
+    monkeypatch.setenv("NIGHTJAR_FLEET_SCRAPE_TIMEOUT_S", "5")  # and answers /metrics slowly while decoding
     # The engine exports its planner snapshot every 200 steps (first at step 1): a short CPU run
     # yields little evidence, so accept entries from a single observation here.
     monkeypatch.setenv("NIGHTJAR_FLEET_PRIORS_MIN_COUNT", "0.5")
@@ -356,6 +357,10 @@ def test_real_worker_metrics_reach_priors_and_slo(fleet: Fleet, tmp_path, monkey
         with srv:
             sync.start()
             model = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+            # the window's baseline is the first scrape: a request that finishes before it is never
+            # counted, so the load starts only once the worker has been scraped
+            wait_for(lambda: (fleet.njd(name)["status"].get("fleet") or {}).get("podsScraped", 0) >= 1,
+                     60, "a first scrape of the worker")  # fmt: skip
 
             def load() -> None:
                 for i in range(3):
@@ -370,7 +375,7 @@ def test_real_worker_metrics_reach_priors_and_slo(fleet: Fleet, tmp_path, monkey
             # all 6 requests have finished: wait for a scrape after that (one during the load sees
             # first tokens, TTFT, before any request finished and recorded its TPOT)
             st = wait_for(lambda: (s := fleet.njd(name)["status"].get("fleet") or {}).get("requests", 0) >= 6 and s,
-                          30, "the load's requests measured from the real worker")  # fmt: skip
+                          60, "the load's requests measured from the real worker")  # fmt: skip
             assert st["podsScraped"] == 1 and st["ttftP95Ms"] > 0 and st["tpotP95Ms"] > 0, st
             cond = condition(fleet.njd(name), "SLOMet")
             assert cond["status"] in ("True", "False") and "attainment=" in cond["message"], cond
