@@ -63,6 +63,22 @@ def test_with_the_draft_resident_it_speculates_with_the_draft_and_without_it_wit
     assert off.count(("ngram", 2)) >= 350
 
 
+def test_while_the_draft_is_away_the_planner_says_which_draft_gamma_it_would_play():
+    # what brings the draft back: the memory manager reloads only on the planner's demand
+    pol = NightjarPolicy(PlannerConfig(max_gamma=3, ngram_arms=[1, 2, 3], seed=1))
+    run(pol, 2500)
+    assert pol.draft_demand(4) == 0  # resident: the chosen arm says it
+    run(pol, 500, draft_available=False)
+    assert pol.draft_demand(4) == 3
+    # where prompt lookup beats the draft, or the draft's drafts are never accepted, it wants none
+    worse = {**LOSS, ("draft", 1): 0.0095, ("draft", 2): 0.0094, ("draft", 3): 0.0093}
+    for loss, acc in ((worse, None), (LOSS, {"draft": 0.0, "ngram": 0.5})):
+        pol = NightjarPolicy(PlannerConfig(max_gamma=3, ngram_arms=[1, 2, 3], seed=1))
+        run(pol, 2500, loss=loss, acc=acc)
+        run(pol, 500, loss=loss, acc=acc, draft_available=False)
+        assert pol.draft_demand(4) == 0
+
+
 def test_the_acceptance_gate_is_per_source():
     # prompt lookup never matches on this content: its gate closes and its arms are no longer
     # played, even where their step time alone would look cheap; the draft's gate stays open

@@ -212,6 +212,31 @@ def test_engine_control_records_metrics_and_applies_updates(tmp_path, monkeypatc
     ctl.close()
 
 
+def test_engine_control_tells_the_memory_manager_what_the_policy_wants_of_the_draft(tmp_path, monkeypatch):
+    from nightjar_worker.engine.control import EngineControl
+
+    monkeypatch.delenv("NIGHTJAR_FORCE_GAMMA", raising=False)
+    path = tmp_path / "c.yaml"
+    write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(policy="static", static_gamma=2)))
+    ctl = EngineControl(4, config_path=path, poll_s=0, snapshot_every_s=3600.0)
+    g, _ = ctl.decide(1)
+    ctl.set_draft_available(False)
+    assert ctl.draft_demand(g, 1) == 2  # a policy that is not told keeps choosing the draft (clamped)
+    write_config_atomically(path, WorkerRuntimeConfig(
+        planner=PlannerConfig(policy="static", static_gamma=2, static_source="ngram")))
+    assert ctl.watcher.check()
+    g, _ = ctl.decide(1)
+    assert (g, ctl.source, ctl.draft_demand(g, 1)) == (2, "ngram", 0)
+    write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(ngram_arms=[1, 2])))
+    assert ctl.watcher.check()
+    ctl.set_draft_available(False)  # Nightjar is told: no draft arm is played, its demand is its own
+    for _ in range(50):
+        g, _ = ctl.decide(1)
+        assert ctl.source == "ngram" or g == 0
+        assert ctl.draft_demand(g, 1) == ctl.policy.draft_demand(1)
+    ctl.close()
+
+
 def test_engine_control_counts_prior_conflicts(tmp_path, monkeypatch):
     # A worker twice as slow as its priors on every arm: the planner rescales them to its level
     # (nightjar_planner_prior_conflicts_total{action="rescaled"}), after dropping the first arm tried.

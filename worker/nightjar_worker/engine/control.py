@@ -157,6 +157,15 @@ class EngineControl:
             if isinstance(self.policy, DraftAware):
                 self.policy.set_draft_available(available)
 
+    def draft_demand(self, gamma: int, batch_size: int) -> int:
+        """The draft gamma the policy wants this step: the chosen ``gamma`` when its source is the
+        draft model; while the draft is away, what a DraftAware policy would play with it."""
+        with self.lock:
+            if self.source == "draft" and gamma > 0:
+                return gamma
+            pol = self.policy
+            return max(0, int(pol.draft_demand(max(1, batch_size)))) if isinstance(pol, DraftAware) else 0
+
     def outlook(self, batch_size: int) -> tuple[float | None, float]:
         """(seconds a step saves by speculating, expected C_switch of resuming) at this batch, what
         the memory manager weighs a draft reload against; (None, 0.0) for a policy that learns

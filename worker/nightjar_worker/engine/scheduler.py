@@ -96,9 +96,11 @@ class NightjarScheduler(Scheduler):
         source = self.nightjar_control.source
         if self.nightjar_memory is not None:
             # the draft model's gamma is 0 unless its weights are fully resident; n-gram drafts
-            # need no weights (what the memory manager is told the planner wants of the draft)
+            # need no weights. The memory manager is told what the planner wants of the draft
+            # (while it is away: what the planner would play with it).
             gain_s, switch_s = self.nightjar_control.outlook(batch)
-            directive = self.nightjar_memory.on_step(gamma if source == "draft" else 0, gain_s, switch_s)
+            demand = self.nightjar_control.draft_demand(gamma, batch)
+            directive = self.nightjar_memory.on_step(demand, gain_s, switch_s)
             if source == "draft":
                 gamma = directive.clamp(gamma)
             self.nightjar_control.set_draft_available(directive.draft_available)

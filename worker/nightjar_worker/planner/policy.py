@@ -82,9 +82,13 @@ class SourcePolicy(Protocol):
 @runtime_checkable
 class DraftAware(Protocol):
     """A policy told whether the draft model can run (its weights resident), so that while it
-    cannot, it picks among the arms that do not need it instead of having its choice clamped."""
+    cannot, it picks among the arms that do not need it instead of having its choice clamped;
+    ``draft_demand`` then says which draft gamma it would play at a batch (0: none), what the
+    memory manager weighs bringing the draft back against."""
 
     def set_draft_available(self, available: bool) -> None: ...
+
+    def draft_demand(self, batch_size: int) -> int: ...
 
 
 @runtime_checkable

@@ -80,6 +80,8 @@ class NightjarPolicy:
         self.current_gamma = 0  # the last decision: the engine's speculation state
         self.current_source = "draft"
         self.draft_available = True  # False while the draft's weights are not resident
+        # per bucket, the draft gamma its last bin would have exploited were the draft resident
+        self._draft_wish = [0] * len(self._edges)
         self._prev: tuple[str, int] = ("draft", 0)  # (source, gamma) of the last observed step
         self.stats = PlannerStats()
         self._apply_knobs(config)
@@ -150,6 +152,12 @@ class NightjarPolicy:
         if available != self.draft_available:
             self.draft_available = available
             self._end_bins()
+
+    def draft_demand(self, batch_size: int) -> int:
+        """While the draft cannot run: the draft gamma this bucket's last bin would have exploited
+        had it been resident (C_switch of resuming included; 0: it would not), what brings the
+        draft back. 0 while the draft is resident (the chosen arm says it)."""
+        return 0 if self.draft_available else self._draft_wish[self.bucket(batch_size)]
 
     def _drafting_now(self) -> bool:
         return self.current_gamma > 0 and self.current_source == "draft"
@@ -248,8 +256,6 @@ class NightjarPolicy:
         closed = {s for s, gate in self.gates.items() if gate.closed()}
         if closed:
             cand = [i for i in cand if g[i] == 0 or src[i] not in closed] or cand
-        if not self.draft_available:
-            cand = [i for i in cand if not self.armset.drafting[i]] or cand
         return cand
 
     def _new_bin(self, c: int) -> int:
@@ -268,6 +274,10 @@ class NightjarPolicy:
         cand = self._candidates(c)
         on_now = self._drafting_now()
         eff = [(m + self.flips.penalty(c, i, on_now)) if m is not None else None for i, m in enumerate(means)]
+        if not self.draft_available:  # what the draft's return would be for, then what can run now
+            wish = min((i for i in cand if eff[i] is not None), key=lambda i: eff[i], default=-1)  # type: ignore[arg-type, return-value]
+            self._draft_wish[c] = self._arms[wish] if wish >= 0 and self.armset.drafting[wish] else 0
+            cand = [i for i in cand if not self.armset.drafting[i]] or cand
         known = [i for i in cand if eff[i] is not None]
         best = -1
         if known:
