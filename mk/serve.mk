@@ -6,7 +6,7 @@ PORT ?= 8000
 serve: install models ## run the worker (Nightjar scheduler, bundled pair) on $(PORT)
 	$(VENV)/bin/nightjar-worker serve --port $(PORT)
 
-demo: install models ## low -> high -> low load on the bundled pair; live gamma/batch/throughput, plot under benchmarks/results/demo
+demo: install models ## gamma 0 vs Nightjar on the same prompts, a load spike, the prompts again (PAIR=qwen: the Qwen pair); plot under benchmarks/results/demo
 	$(PY) -m nightjar_worker.demo
 
 bench-serve: install models ## every policy under closed-loop load on the real server (QUICK=1: c=1 and saturation)
