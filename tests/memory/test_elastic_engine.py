@@ -8,6 +8,7 @@ AR mode, counts the failures, retries with back-off, loses no request) -> specul
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -32,17 +33,24 @@ def _transitions(path: Path) -> list[tuple[str, str, str]]:
 
 @pytest.fixture(scope="module")
 def elastic(tmp_path_factory):
+    with _engine(tmp_path_factory.mktemp("elastic"), str(K), "resident") as e:
+        yield e
+
+
+@contextlib.contextmanager
+def _engine(tmp: Path, schedule: str, mode: str):
+    """An engine on the bundled pair, its gamma forced to ``schedule``, its draft pinned to ``mode``
+    through the control file."""
     from nightjar_worker.models import bundled_pair
 
     target, draft = bundled_pair()
     if not (target / "config.json").is_file() or not (draft / "config.json").is_file():
         pytest.skip("bundled models missing: run `make models`")
-    tmp = tmp_path_factory.mktemp("elastic")
     prom = tmp / "prom"
     prom.mkdir()
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
-        "NIGHTJAR_FORCE_GAMMA": str(K),
+        "NIGHTJAR_FORCE_GAMMA": schedule,
         "NIGHTJAR_CONFIG_POLL_S": "0",
         "NIGHTJAR_FAULT_RELOAD": "2",
         "PROMETHEUS_MULTIPROC_DIR": str(prom),
@@ -53,7 +61,7 @@ def elastic(tmp_path_factory):
     from vllm import EngineArgs, LLMEngine
 
     ctl, trace = tmp / "control", tmp / "trace.jsonl"
-    ctl.write_text("resident")
+    ctl.write_text(mode)
     mem = {
         "enabled": True, "base_blocks": BASE, "control_file": str(ctl), "trace_file": str(trace),
         "offload_dir": str(tmp), "backoff": {"base_s": 0.2, "factor": 2.0, "max_s": 1.0},
@@ -182,3 +190,19 @@ def test_offload_reload_with_faults_keeps_serving(elastic):
     back = [e for e in _trace(trace) if "step" in e and e["t"] >= t_back]
     assert any(e["gamma"] == K for e in back)
     assert all(e["allowed"] == BASE - 1 for e in back)
+
+
+# Answers that repeat their own tokens, where prompt lookup finds matches (tests/engine/test_engine.py).
+REPEATING = ["Repeat this list three times, exactly: apples, pears, plums, figs, dates, limes, kiwis.",
+             "List the days of the week twice, separated by commas."]
+
+
+def test_ngram_drafts_run_while_the_draft_is_offloaded(tmp_path):
+    # vLLM skips the drafter while the draft's weights are away and schedules zeros as drafts; an
+    # n-gram step must still verify prompt-lookup drafts (accepted ones), not those zeros
+    with _engine(tmp_path, "n3", "offloaded") as (engine, _, trace, prom):
+        drive_until(engine, trace, "offloaded")
+        generate(engine, "ngram", prompts=REPEATING, max_tokens=40)
+        assert {e["state"] for e in _trace(trace) if "step" in e} <= {"offloading", "offloaded"}  # no draft step
+        drafted, accepted = metric(prom, "nightjar_draft_tokens_total"), metric(prom, "nightjar_accepted_tokens_total")
+        assert drafted > 0 and accepted > 0, (drafted, accepted)  # zeros as drafts: none ever accepted

@@ -90,14 +90,17 @@ def install() -> bool:
 
     def sample_tokens(self, grammar_output):  # noqa: ANN001
         self._nightjar_step_stats = stats = WorkerStepStats()
+        so = getattr(getattr(self, "execute_model_state", None), "scheduler_output", None)
+        ngram_k = int(so.num_spec_tokens_to_schedule) if getattr(so, "nightjar_source", None) == "ngram" else 0
         out = orig_sample(self, grammar_output)
-        if (
-            self.__dict__.get("_nightjar_catchup")
-            and isinstance(out, ModelRunnerOutput)
-            and out is not EMPTY_MODEL_RUNNER_OUTPUT
-        ):
-            if stats.ngram_k:
-                self._draft_token_ids = _ngram(self).propose(stats.ngram_k, out.sampled_token_ids, self.input_batch)
+        if isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT and _catchup(self):
+            # vLLM skips the proposal hook when the draft cannot take the step (while its weights
+            # are offloaded, the memory agent's guard) and hands the scheduler zeros as drafts; an
+            # n-gram step needs no draft, so its drafts are filled in whether the hook ran or not
+            k = stats.ngram_k or ngram_k
+            if k:
+                stats.ngram_k = k
+                self._draft_token_ids = _ngram(self).propose(k, out.sampled_token_ids, self.input_batch)
             out.nightjar_stats = stats.as_dict()
         return out
 
