@@ -216,7 +216,7 @@ def plot(ticks: list[Tick], segs: list[Segment], path: Path, title: str) -> None
         axes[0].step(t, [k.gamma[src] if k.gamma[src] is not None else 0.0 for k in ticks], where="post",
                      color=color, label=f"{src} (mean gamma of its steps)")
     axes[0].set_ylabel("gamma chosen")
-    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].legend(loc="center right", fontsize=8)
     axes[1].plot(t, [k.running for k in ticks], color="tab:green", label="running")
     axes[1].plot(t, [k.waiting for k in ticks], color="tab:red", label="waiting")
     axes[1].set_ylabel("requests")
