@@ -6,15 +6,17 @@ and prompt-lookup (n-gram) arms, with elastic draft memory on, and runs four seg
 1. ``gamma 0``    prompts whose answers quote them (summaries, extraction, code), one at a time,
                   the planner switched to plain decoding: the reference;
 2. ``nightjar``   the same prompts with the planner in charge: speculation pays at low load;
-3. ``load``       a spike of mixed Spec-Bench prompts, more than the worker's batch holds: the
-                  planner backs off to gamma 0, requests wait, the draft's weights leave and their
-                  bytes become KV-cache blocks;
-4. ``nightjar again`` the first prompts once more: the draft comes back where the planner wants it.
+3. ``load``       a spike of mixed Spec-Bench prompts, more than the worker's batch holds: requests
+                  wait, the planner backs off (the draft model stops, gamma falls to what still pays),
+                  the draft's weights leave and their bytes become KV-cache blocks;
+4. ``nightjar again`` the first prompts once more; the draft's weights come back if the planner
+                  wants the draft at this load (a draft that pays), else its bytes stay KV blocks.
 
 Once a second it reads ``/metrics``: the gamma chosen per draft source, the running requests, output
 tok/s, the draft's memory state and the KV blocks the target may use. Ends with a table per segment
-(tok/s against the gamma-0 reference) and a PNG under ``benchmarks/results/demo/``. About 4 minutes
-on 2 cores with the bundled pair (``--pair qwen``: the Qwen2.5-Coder pair, slower but its draft pays).
+(tok/s against the gamma-0 reference) and a PNG under ``benchmarks/results/demo/``. About 2.5 minutes
+on 2 cores with the bundled pair once installed (``--pair qwen``: the Qwen2.5-Coder pair, slower,
+whose draft pays).
 """
 
 from __future__ import annotations
