@@ -39,7 +39,7 @@ class WorkerStepStats:
     draft_forwards: int = 0
     proposed: bool = False
     draft_lag_tokens: int = -1  # at gamma == 0: positions the draft lacks before this step (-1: not measured)
-    ngram_k: int = 0  # n-gram drafts to propose once the step's bookkeeping is done (runner_hooks.py)
+    ngram_k: int = 0  # n-gram drafts proposed after the step's bookkeeping (set by runner_hooks.py)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -176,8 +176,7 @@ class DraftCatchup:
             stats.draft_lag_tokens = sum(e - s for _, s, e in self.tracker.missing(rows))
             self.tracker.end_step(rows, proposed=False)
             stats.draft_forwards += self.forward_count - f0
-            if ngram:
-                stats.ngram_k = k
+            if ngram:  # the sampling hook fills them in (runner_hooks.py)
                 return [[] for _ in rows]
             return torch.empty((len(rows), 0), dtype=torch.int64, device=self.drafter.device)
         ranges = self.tracker.missing(rows)

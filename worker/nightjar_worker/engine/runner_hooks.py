@@ -97,10 +97,9 @@ def install() -> bool:
             # vLLM skips the proposal hook when the draft cannot take the step (while its weights
             # are offloaded, the memory agent's guard) and hands the scheduler zeros as drafts; an
             # n-gram step needs no draft, so its drafts are filled in whether the hook ran or not
-            k = stats.ngram_k or ngram_k
-            if k:
-                stats.ngram_k = k
-                self._draft_token_ids = _ngram(self).propose(k, out.sampled_token_ids, self.input_batch)
+            if ngram_k:
+                stats.ngram_k = ngram_k
+                self._draft_token_ids = _ngram(self).propose(ngram_k, out.sampled_token_ids, self.input_batch)
             out.nightjar_stats = stats.as_dict()
         return out
 
