@@ -1,6 +1,7 @@
 """``nightjar-operator``: run the operator, or print the CRD.
 
     nightjar-operator run [-n NAMESPACE ...] [--metrics-port 8080] [--liveness http://0.0.0.0:8081/healthz]
+                          [--leader-elect [--lease-name nightjar-operator] [--lease-namespace NS]]
     nightjar-operator crd [-o FILE]
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -19,13 +21,32 @@ def _run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         os.environ["NIGHTJAR_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     kopf.configure(verbose=args.verbose)  # kopf's logging setup (our loggers propagate to it)
-    kopf.run(
-        standalone=True,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or (),
-        liveness_endpoint=args.liveness,
+
+    def operate(stop_flag: threading.Event | None = None) -> None:
+        # standalone: no kopf peering; with --leader-elect the Lease decides who runs.
+        kopf.run(
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace or (),
+            liveness_endpoint=args.liveness,
+            stop_flag=stop_flag,
+        )
+
+    if not args.leader_elect:
+        operate()
+        return 0
+    from nightjar_operator.handlers import leader
+    from nightjar_operator.handlers.k8s import make_api_client
+
+    lease = leader.LeaseSettings(
+        name=args.lease_name,
+        namespace=args.lease_namespace or leader.default_namespace(),
+        identity=leader.default_identity(),
+        lease_duration_s=args.lease_duration,
+        renew_deadline_s=args.renew_deadline,
+        retry_period_s=args.retry_period,
     )
-    return 0
+    return leader.run_elected(lease, make_api_client(), operate, liveness=args.liveness)
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -49,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
                      help="serve Prometheus metrics on this port (0: off)")
     run.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     run.add_argument("-v", "--verbose", action="store_true")
+    run.add_argument("--leader-elect", action="store_true",
+                     help="run only while holding a coordination.k8s.io Lease (for more than one replica)")
+    run.add_argument("--lease-name", default="nightjar-operator", help="name of the Lease")
+    run.add_argument("--lease-namespace", default=None,
+                     help="namespace of the Lease (default: $POD_NAMESPACE, the pod's own namespace)")
+    run.add_argument("--lease-duration", type=int, default=15, help="seconds a follower waits after the last renewal")
+    run.add_argument("--renew-deadline", type=int, default=10, help="seconds the leader keeps retrying a renewal")
+    run.add_argument("--retry-period", type=int, default=2, help="seconds between tries")
     run.set_defaults(func=_run)
     crd = sub.add_parser("crd", help="print the NightjarDeployment CRD (YAML) generated from the models")
     crd.add_argument("-o", "--output", help="write to this file instead of stdout")

@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from nightjar_operator import constants as c
-from nightjar_operator.handlers import fleet as fleet_loop
+from nightjar_operator.handlers import fleet_loop
 from nightjar_operator.handlers import reconcile as rec
 from nightjar_operator.handlers import settings as cfg
 from nightjar_operator.metrics import metrics
@@ -22,8 +22,16 @@ CHILD_LABELS = {c.LABEL_MANAGED_BY: c.OPERATOR_NAME, c.LABEL_COMPONENT: "worker"
 
 
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, fleet_objects: kopf.Index,
+                  **_: Any) -> None:
     cfg.configure(settings, memo, logger)
+    # One task ticks every object's fleet loop (scrape, priors, SLO, rollout): handlers/fleet_loop.py.
+    await fleet_loop.start(memo, fleet_objects)
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await fleet_loop.stop(memo)
 
 
 @kopf.on.login()
@@ -43,10 +51,10 @@ def resync(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rec.reconcile(memo.api, dict(body), trigger="resync")
 
 
-@kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, cancellation_timeout=10)
-def fleet(name: str, namespace: str, memo: kopf.Memo, stopped: Any, logger: Any, **_: Any) -> None:
-    # Scrape workers, push priors, SLOMet, rollout (handlers/fleet.py, handlers/rollout.py).
-    fleet_loop.run(memo.api, namespace, name, memo, stopped, logger)
+@kopf.index(c.GROUP, c.VERSION, c.PLURAL)
+def fleet_objects(namespace: str, name: str, uid: str, **_: Any) -> dict[tuple[str, str], str]:
+    # The fleet loop's list of objects, kept by kopf within the operator's namespace scope.
+    return fleet_loop.index_entry(namespace, name, uid)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)

@@ -1,6 +1,7 @@
 """The fleet loop's I/O: scrape worker ``/metrics``, push priors, measure the SLO, drive the rollout.
 
-One kopf timer per NightjarDeployment calls ``tick``. Each tick:
+The operator's one fleet loop (``handlers.fleet_loop``) calls ``tick`` for every NightjarDeployment
+once per interval. Each tick:
 
 1. finds the worker pods (label selector of the owner, stable and candidate tracks) and their pod
    IPs, and scrapes ``http://<podIP>:<port>/metrics`` concurrently with a short timeout (or, with
@@ -8,7 +9,7 @@ One kopf timer per NightjarDeployment calls ``tick``. Each tick:
    fails is reported (SLOMet message, ``status.fleet.scrapeErrors``,
    ``nightjar_operator_scrape_failures_total``) and skipped; it never stalls the others;
 2. aggregates (``fleet.aggregate``): counters and histograms over a sliding window
-   (``NIGHTJAR_FLEET_SLO_WINDOW_S``) from per-pod scrape history kept in the kopf memo;
+   (``NIGHTJAR_FLEET_SLO_WINDOW_S``) from per-pod scrape history kept in the loop's per-object memo;
 3. merges the planner estimates of each track (and the median of its workers' draft prefill
    price) into ``PlannerPriors`` and writes them into that
    track's ConfigMap key ``nightjar.yaml`` (the worker watches it; new pods mount it and start warm),
@@ -16,8 +17,9 @@ One kopf timer per NightjarDeployment calls ``tick``. Each tick:
 4. evaluates the SLO and writes the ``SLOMet`` condition and ``status.fleet``;
 5. hands the per-track analysis-window stats to ``handlers.rollout``.
 
-Everything persistent lives in the object's status; the memo only holds scrape history, so an
-operator restart loses nothing but the current window's baselines.
+Everything persistent lives in the object's status; the loop's per-object ``FleetMemo`` only holds
+scrape history, so an operator restart (or a new leader) loses nothing but the current window's
+baselines.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class FleetSettings(BaseModel):
     priors_weight: float = Field(0.25, ge=0)
     priors_max_count: float = Field(16.0, ge=0)
     priors_min_count: float = Field(3.0, ge=0)
-    max_workers: int = Field(16, ge=1, description="concurrent scrapes")
+    max_workers: int = Field(16, ge=1, description="concurrent scrapes within one tick")
+    tick_workers: int = Field(8, ge=1, description="ticks run at once (threads), whatever the number of objects")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> FleetSettings:
@@ -188,22 +191,13 @@ def scrape_prometheus(targets: list[PodTarget], namespace: str, settings: FleetS
 
 @dataclass
 class FleetMemo:
-    """Per-object in-memory state (kopf memo): scrape history for windowed deltas."""
+    """Per-object in-memory state of the fleet loop: scrape history for windowed deltas."""
 
     last_tick: float = 0.0
     last_failures: set[str] = field(default_factory=set)
     history: dict[str, deque[PodMetrics]] = field(default_factory=dict)  # pod uid -> cumulative scrapes
     rollout_key: tuple | None = None  # (candidate revision, step, windowStartedAt) of the baselines below
     rollout_baselines: dict[str, PodMetrics] = field(default_factory=dict)
-
-
-def memo_of(memo: Any) -> FleetMemo:
-    fm = getattr(memo, "nightjar_fleet", None) if memo is not None else None
-    if fm is None:
-        fm = FleetMemo()
-        if memo is not None:
-            memo.nightjar_fleet = fm
-    return fm
 
 
 def _window_baseline(hist: deque[PodMetrics], now: float, window_s: float) -> PodMetrics | None:
@@ -283,26 +277,7 @@ def _fmt_s(v: float | None) -> float | None:
     return None if v is None else round(v * 1000.0, 2)
 
 
-def run(api: Api, namespace: str, name: str, memo: Any, stopped: Any, logger: Any = None) -> None:
-    """The per-object kopf daemon: a tick every ``interval_s`` until the object goes away or the
-    operator stops. A daemon (not a timer) because kopf logs and posts an event for every timer run,
-    and because the interval is read from the environment on every round."""
-    # Module logger: kopf's per-object logger would post every line as a Kubernetes Event.
-    logger = log
-    while not stopped:
-        try:
-            settings = FleetSettings.from_env()
-            body = api.get(c.KIND, namespace, name)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                return
-            tick(api, body, memo, logger, settings=settings)
-        except Exception as e:  # noqa: BLE001 - the loop must survive anything; next round retries
-            logger.warning("fleet: tick failed: %s: %s", type(e).__name__, e)
-            settings = FleetSettings()
-        stopped.wait(settings.interval_s)
-
-
-def tick(api: Api, body: dict[str, Any], memo: Any, logger: Any = None, now: float | None = None,
+def tick(api: Api, body: dict[str, Any], fm: FleetMemo, now: float | None = None,
          settings: FleetSettings | None = None) -> None:
     """One round of the fleet loop for one NightjarDeployment (see the module docstring). ``body``
     must be fresh (the rollout state in its status is read from it)."""
@@ -310,7 +285,6 @@ def tick(api: Api, body: dict[str, Any], memo: Any, logger: Any = None, now: flo
     from nightjar_operator.reconcile.validate import parse_spec
 
     settings = settings or FleetSettings.from_env()
-    fm = memo_of(memo)
     now = time.time() if now is None else now
     fm.last_tick = now
     meta = body["metadata"]

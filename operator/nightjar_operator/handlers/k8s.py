@@ -7,7 +7,9 @@ transport (auth, TLS, proxies from the kubeconfig / in-cluster config) with JSON
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import logging
 import os
 from typing import Any
 
@@ -16,6 +18,8 @@ from kubernetes.client.exceptions import ApiException
 
 from nightjar_operator import constants as c
 from nightjar_operator.reconcile.children import selector_string, service_selector
+
+log = logging.getLogger("nightjar.operator")
 
 # kind -> (API prefix, plural)
 KINDS: dict[str, tuple[str, str]] = {
@@ -111,6 +115,38 @@ class Api:
     def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         return self.request("PUT", self.path(obj["kind"], meta["namespace"], meta["name"]), obj)
+
+    def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``body`` (what ``kubectl describe`` shows). Events are auxiliary: a
+        failure is logged, never raised. Posted through this client, not kopf's poster, because kopf's
+        only works inside its per-object handlers and the fleet loop posts from its own threads."""
+        meta = body.get("metadata") or {}
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": meta.get("namespace")},
+            "involvedObject": {
+                "apiVersion": body.get("apiVersion") or f"{c.GROUP}/{c.VERSION}",
+                "kind": body.get("kind") or c.KIND,
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1000],
+            "source": {"component": c.OPERATOR_NAME},
+            "reportingComponent": c.OPERATOR_NAME,
+            "reportingInstance": os.environ.get("POD_NAME") or c.OPERATOR_NAME,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.request("POST", f"/api/v1/namespaces/{meta.get('namespace')}/events", event)
+        except Exception as e:  # noqa: BLE001
+            log.warning("event %s not posted for %s/%s: %s", reason, meta.get("namespace"), meta.get("name"), e)
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None) -> dict[str, Any]:
         """Merge-patch the CR's status subresource; with ``resource_version`` it fails (409) on a race."""

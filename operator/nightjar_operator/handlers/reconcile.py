@@ -54,13 +54,6 @@ def _lock(uid: str) -> threading.Lock:
         return _locks[uid]
 
 
-def _event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    try:
-        kopf.event(body, type=type_, reason=reason, message=message[:1000])
-    except Exception:  # noqa: BLE001 - outside a kopf run (unit use) there is no event poster
-        log.debug("event not posted: %s %s", reason, message)
-
-
 def _maybe_pause(kind: str) -> None:
     if os.environ.get(FAULT_PAUSE_AFTER) == kind:
         seconds = float(os.environ.get(FAULT_PAUSE_SECONDS, "60"))
@@ -117,7 +110,7 @@ def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None,
                 return None
             raise
         m.child_writes.labels(kind, "create").inc()
-        _event(body, "Normal", "Created", f"Created {kind} {name}")
+        api.post_event(body, "Normal", "Created", f"Created {kind} {name}")
         log.info("created %s %s/%s", kind, owner.namespace, name)
         _maybe_pause(kind)
         return created
@@ -133,7 +126,7 @@ def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None,
             return live
         raise
     m.child_writes.labels(kind, "update").inc()
-    _event(body, "Normal", "Updated", f"Updated {kind} {name}: {_summary(changed)}")
+    api.post_event(body, "Normal", "Updated", f"Updated {kind} {name}: {_summary(changed)}")
     log.info("updated %s %s/%s: %s", kind, owner.namespace, name, _summary(changed))
     _maybe_pause(kind)
     return updated
@@ -241,9 +234,9 @@ def write_status(api: Api, body: dict[str, Any], observed: Observed) -> dict[str
         if new_ready.get("reason") == "InvalidSpec" and (
             old_ready.get("reason") != "InvalidSpec" or old_ready.get("message") != new_ready.get("message")
         ):
-            _event(body, "Warning", "InvalidSpec", new_ready.get("message", ""))
+            api.post_event(body, "Warning", "InvalidSpec", new_ready.get("message", ""))
         elif new_ready.get("status") != old_ready.get("status") and new_ready.get("status") == "True":
-            _event(body, "Normal", "Ready", new_ready.get("message", ""))
+            api.post_event(body, "Normal", "Ready", new_ready.get("message", ""))
         return new
     return None
 

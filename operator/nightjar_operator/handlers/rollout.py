@@ -105,15 +105,6 @@ def candidate_children(owner: Owner, spec: NightjarDeploymentSpec, replicas: int
 # ------------------------------------------------------------------------------------------- I/O
 
 
-def _event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    try:
-        import kopf
-
-        kopf.event(body, type=type_, reason=reason, message=message[:1000])
-    except Exception:  # noqa: BLE001 - outside a kopf run there is no event poster
-        log.debug("event not posted: %s %s", reason, message)
-
-
 def _apply(api: Api, desired: dict[str, Any], owner: Owner) -> dict[str, Any] | None:
     kind, name = desired["kind"], desired["metadata"]["name"]
     live = api.get(kind, owner.namespace, name)
@@ -262,7 +253,7 @@ def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: 
 
     m = op_metrics()
     for type_, reason, message in p.events:
-        _event(body, type_, reason, message)
+        api.post_event(body, type_, reason, message)
         logger.info("rollout %s/%s: %s: %s", namespace, name, reason, message)
     if p.state.last_decision is not None and (state is None or state.last_decision != p.state.last_decision):
         m["rollout_decisions"].labels(namespace, name, p.state.last_decision.action).inc()
@@ -287,7 +278,7 @@ def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: 
             else:
                 _delete(api, "Deployment", namespace, candidate_name(name))
                 _delete(api, "ConfigMap", namespace, candidate_config_name(name))
-                _event(body, "Normal", "CandidateRemoved", f"deleted {candidate_name(name)}")
+                api.post_event(body, "Normal", "CandidateRemoved", f"deleted {candidate_name(name)}")
         else:
             _delete(api, "ConfigMap", namespace, candidate_config_name(name))
 

@@ -59,10 +59,10 @@ def configure(settings: kopf.OperatorSettings, memo: Any, logger: logging.Logger
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
-    # Sync handlers run on kopf's thread pool (default min(32, cores + 4): 6 on a 2-core node); each
-    # resource's fleet daemon holds a thread for its whole life, so a small pool starves the
-    # reconcile. Threads here mostly wait on the network.
-    settings.execution.max_workers = int(os.environ.get("NIGHTJAR_OPERATOR_WORKERS", "64"))
+    # Sync handlers (the reconciles) run on kopf's thread pool (default min(32, cores + 4): 6 on a
+    # 2-core node). They mostly wait on the apiserver, so more threads than cores pay off. The fleet
+    # loop has its own bounded pool (NIGHTJAR_FLEET_TICK_WORKERS).
+    settings.execution.max_workers = int(os.environ.get("NIGHTJAR_OPERATOR_WORKERS", "16"))
     memo.api = Api(make_api_client())
     port = int(os.environ.get(ENV_METRICS_PORT, "0") or 0)
     if port:
