@@ -7,7 +7,7 @@ K8S_BINS := $(addprefix $(K8S_CACHE)/bin/,kube-apiserver kube-controller-manager
 HELM := $(CACHE)/bin/helm
 KIND_CLUSTER ?= nightjar
 
-.PHONY: cluster-build helm cluster-up cluster-down cluster-env kind-up
+.PHONY: cluster-build helm k8s-models cluster-up cluster-down cluster-env kind-up
 
 cluster-build: ## build (once, cached) kube-apiserver, kubelet & co from Debian sources; installs etcd-server, openssl
 	bash scripts/k8s/build-apiserver.sh
@@ -31,4 +31,7 @@ kind-up: ## create a kind cluster named $(KIND_CLUSTER) (needs kind + a running 
 	@kind get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)' && echo "kind cluster $(KIND_CLUSTER) already exists" || kind create cluster --name $(KIND_CLUSTER) --wait 120s
 	@echo "kubectl config use-context kind-$(KIND_CLUSTER)"
 
-TEST_DEPS += cluster-build helm
+k8s-models: ## JSON schemas of KEDA and Gateway API kinds (npm), for tests of what the operator renders for them
+	bash scripts/k8s/install-models.sh
+
+TEST_DEPS += cluster-build helm k8s-models

@@ -63,6 +63,19 @@ class OperatorMetrics:
             registry=registry,
         )
 
+        self.fleet_objects = Gauge(
+            "nightjar_operator_fleet_objects", "NightjarDeployments the fleet loop ticks each round", registry=registry
+        )
+        self.fleet_round_seconds = Gauge(
+            "nightjar_operator_fleet_round_seconds",
+            "Wall time of the fleet loop's last round over every object (above the interval: it is behind)",
+            registry=registry,
+        )
+        self.fleet_tick_failures = Counter(
+            "nightjar_operator_fleet_tick_failures_total", "Fleet ticks that raised (the round goes on)",
+            ["namespace", "deployment"], registry=registry,
+        )
+
     def forget(self, namespace: str, name: str) -> None:
         for labels in ((namespace, name),):
             try:
@@ -122,14 +135,6 @@ def op_metrics() -> dict[str, Any]:
         )
         _M["rollout_decisions"] = Counter(
             "nightjar_operator_rollout_decisions_total", "Rollout decisions by action", lbl + ["action"]
-        )
-        _M["objects"] = Gauge("nightjar_operator_fleet_objects", "NightjarDeployments the fleet loop ticks")
-        _M["round_seconds"] = Gauge(
-            "nightjar_operator_fleet_round_seconds",
-            "Wall time of the fleet loop's last round over every object (above the interval: it is behind)",
-        )
-        _M["tick_failures"] = Counter(
-            "nightjar_operator_fleet_tick_failures_total", "Fleet ticks that raised (the round goes on)", lbl
         )
         _M["candidate_weight"] = Gauge(
             "nightjar_operator_rollout_candidate_weight_ratio", "Candidate share of the replicas (0..1)", lbl

@@ -385,6 +385,16 @@ def overview() -> dict[str, Any]:
         "Replicas per NightjarDeployment (nightjar_operator_deployment_replicas) and its Ready condition.",
         [target(f"sum by (name, kind) (nightjar_operator_deployment_replicas{{{OP}}})", "{{name}} {{kind}}"),
          target(f"max by (name) (nightjar_operator_deployment_ready{{{OP}}})", "{{name}} ready")], unit="short"), w=6)
+    L.add(timeseries(
+        "Fleet loop round",
+        "Wall time of the fleet loop's last round over every NightjarDeployment (nightjar_operator_fleet_round_seconds); "
+        "above the interval (NIGHTJAR_FLEET_INTERVAL_S) the loop is behind.",
+        [target("max(nightjar_operator_fleet_round_seconds)", "round")], unit="s"), w=12)
+    L.add(timeseries(
+        "Fleet loop objects",
+        "NightjarDeployments the fleet loop ticks each round (nightjar_operator_fleet_objects). Ticks that raise "
+        "are counted in nightjar_operator_fleet_tick_failures_total and logged.",
+        [target("max(nightjar_operator_fleet_objects)", "objects")], unit="short"), w=12)
 
     variables = [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {},

@@ -74,7 +74,7 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
     assert "monitoring.coreos.com/v1 is not served here" in out
     try:
         dep = _json(k8s, "get", "deployment", f"{release}-operator", "-n", namespace)
-        assert dep["status"].get("readyReplicas") == 1
+        assert dep["status"].get("readyReplicas") == 2  # an operating replica and a standby
         crd = _json(k8s, "get", "crd", CRD)
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         assert {c["type"]: c["status"] for c in crd["status"]["conditions"]}["Established"] == "True"
@@ -91,6 +91,8 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
         assert not can("create", "pods", "-n", namespace)
         assert not can("delete", "customresourcedefinitions")
         assert not can("create", "deployments.apps", "-n", "default"), "namespaced install must not reach other namespaces"
+        assert can("update", f"leases.coordination.k8s.io/{release}-operator", "-n", namespace)
+        assert not can("update", "leases.coordination.k8s.io/other", "-n", namespace)
 
         # The operator, started exactly as the chart's Deployment starts it, with its token.
         c = dep["spec"]["template"]["spec"]["containers"][0]
@@ -98,7 +100,8 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
         exe = str(Path(sys.executable).parent / "nightjar-operator")
         log = tmp_path / "operator.log"
         # Resync every 2 s so that reconciles keep happening while Prometheus watches (default 60 s).
-        op_env = {**env, "KUBECONFIG": kubeconfig, "NIGHTJAR_OPERATOR_RESYNC_SECONDS": "2"}
+        # POD_NAMESPACE as the Deployment's downward API sets it: the Lease lives there.
+        op_env = {**env, "KUBECONFIG": kubeconfig, "NIGHTJAR_OPERATOR_RESYNC_SECONDS": "2", "POD_NAMESPACE": namespace}
         op_env.pop("KUBERNETES_SERVICE_HOST", None)
         op = subprocess.Popen([exe, *c["args"]], env=op_env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                               start_new_session=True)

@@ -42,7 +42,7 @@ def test_defaults_render_expected_objects(helm):
     objs = render(helm)
     assert objs.kinds() == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "ConfigMap",
-        "CustomResourceDefinition", "Pod",
+        "CustomResourceDefinition", "Pod", "Role", "RoleBinding",
     ])
     dep = objs.one("Deployment", "nightjar-operator")
     spec = dep["spec"]["template"]["spec"]
@@ -50,7 +50,16 @@ def test_defaults_render_expected_objects(helm):
     c = spec["containers"][0]
     assert c["command"] == ["nightjar-operator"]
     # All namespaces by default: no --namespace flag; metrics and liveness on the declared ports.
-    assert c["args"] == ["run", "--metrics-port=8080", "--liveness=http://0.0.0.0:8081/healthz"]
+    assert c["args"] == ["run", "--metrics-port=8080", "--liveness=http://0.0.0.0:8081/healthz", "--leader-elect",
+                         "--lease-name=nightjar-operator", "--lease-duration=15", "--renew-deadline=10",
+                         "--retry-period=2"]
+    # Two replicas, one operating: a rolling update never leaves none.
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    role = objs.one("Role", "nightjar-operator-leader-election")
+    assert role["metadata"]["namespace"] == "nightjar-system"
+    assert {v for r in role["rules"] for v in r["verbs"]} == {"create", "get", "update"}
+    assert objs.one("RoleBinding")["roleRef"]["name"] == role["metadata"]["name"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 8080, "health": 8081}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
@@ -88,7 +97,7 @@ def test_namespaced_values(helm):
     args = objs.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
     assert "--verbose" in args and "--some-flag" in args
-    rbs = objs.of("RoleBinding")
+    rbs = [rb for rb in objs.of("RoleBinding") if rb["roleRef"]["kind"] == "ClusterRole"]
     assert sorted(rb["metadata"]["namespace"] for rb in rbs) == ["team-a", "team-b"]
     assert all(rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "nightjar-operator"}
                for rb in rbs)

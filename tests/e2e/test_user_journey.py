@@ -131,13 +131,26 @@ def installed(node, timings, reference):
 
 
 # ------------------------------------------------------------------------------------------ journey
+def operator_pods(node) -> list[dict[str, Any]]:
+    return json.loads(node.kubectl("get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator",
+                                   "-o", "json").stdout)["items"]
+
+
+def lease_holder(node) -> str:
+    lease = get(node, "lease", "nightjar-operator", SYSTEM_NS) or {}
+    return (lease.get("spec") or {}).get("holderIdentity") or ""
+
+
 def test_operator_runs_under_the_charts_service_account(installed):
-    pods = json.loads(installed.kubectl("get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator",
-                                        "-o", "json").stdout)["items"]
-    assert len(pods) == 1 and pods[0]["status"]["phase"] == "Running"
-    assert pods[0]["spec"]["serviceAccountName"] == "nightjar-operator"
-    (cs,) = pods[0]["status"]["containerStatuses"]
-    assert cs["ready"] and cs["image"].endswith("nightjar-operator:0.1.0")
+    pods = operator_pods(installed)
+    assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
+    for pod in pods:
+        assert pod["spec"]["serviceAccountName"] == "nightjar-operator"
+        (cs,) = pod["status"]["containerStatuses"]
+        assert cs["ready"] and cs["image"].endswith("nightjar-operator:0.1.0")
+    # One operates (holds the Lease), the other stands by.
+    holder = wait_for(lambda: lease_holder(installed), 60, "the operator's Lease")
+    assert [p["metadata"]["name"] for p in pods if holder.startswith(p["metadata"]["name"] + "_")], (holder, pods)
 
 
 def test_worker_pod_runs_the_images(installed):
@@ -333,16 +346,19 @@ def test_operator_killed_mid_rollout_leaves_no_duplicate(installed, timings):
         "reference": "ghcr.io/nightjar-dev/nightjar-models:smollm2-135m", "path": MODEL}}}}}
     installed.kubectl("patch", "njd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(patch))
     wait_for(lambda: get(installed, "deployment", f"{NAME}-candidate"), 120, "the candidate Deployment")
-    installed.kubectl("delete", "pod", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator",
-                      "--grace-period=0", "--force")
+    # The operating replica dies; the standby takes the Lease over and finishes the job.
+    holder = lease_holder(installed)
+    leader = holder.rsplit("_", 1)[0]
+    installed.kubectl("delete", "pod", leader, "-n", SYSTEM_NS, "--grace-period=0", "--force")
+    new = wait_for(lambda: (h := lease_holder(installed)) != holder and h, 90, "the standby holding the Lease")
+    assert not new.startswith(leader + "_")
 
     def operator_back() -> bool:
-        pods = json.loads(installed.kubectl("get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=operator",
-                                            "-o", "json").stdout)["items"]
-        return len(pods) == 1 and ready(pods[0])
+        pods = operator_pods(installed)
+        return len(pods) == 2 and all(ready(p) for p in pods)
 
-    wait_for(operator_back, 180, "a new operator pod Ready")
-    time.sleep(20)  # two resync periods of the new operator
+    wait_for(operator_back, 180, "two operator pods Ready again")
+    time.sleep(20)  # two resync periods of the new leader
     owned: dict[str, list[str]] = {}
     for kind in ("deployments", "configmaps", "services"):
         items = json.loads(installed.kubectl("get", kind, "-n", NS, "-l", "app.kubernetes.io/managed-by=nightjar-operator",

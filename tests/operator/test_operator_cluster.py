@@ -351,6 +351,38 @@ def test_disruption_budget_follows_the_replicas(cl: Cluster):
     assert_clean(runner.output)
 
 
+def test_autoscaler_scales_through_the_scale_subresource(cl: Cluster):
+    """spec.autoscaling HPA: the operator owns a HorizontalPodAutoscaler (in the version the apiserver
+    serves) whose target is the NightjarDeployment; the HPA controller raises it to minReplicas through
+    the scale subresource and the operator follows with the worker Deployment. KEDA where KEDA is not
+    installed is a condition naming the field; turning autoscaling off removes the HPA."""
+    name = "scaled"
+
+    def hpa() -> dict[str, Any] | None:
+        return cl.api.get("HorizontalPodAutoscaler", cl.ns, name)
+
+    with KopfRunner(RUN_ARGS, timeout=60) as runner:
+        cl.apply(cr(name, replicas=1, autoscaling={"engine": "HPA", "minReplicas": 2, "maxReplicas": 3}))
+        h = wait_for(hpa, 30, "the HorizontalPodAutoscaler")
+        assert h["apiVersion"] == cl.api.hpa_api_version()
+        assert h["spec"]["scaleTargetRef"] == {"apiVersion": c.API_VERSION, "kind": c.KIND, "name": name}
+        # The HPA controller (no metrics adapter here) still enforces minReplicas via the scale subresource.
+        obj = cl.wait_ready(name, timeout=120, replicas=2)
+        assert obj["spec"]["replicas"] == 2
+        assert condition(obj, c.COND_AUTOSCALING)["reason"] == "HorizontalPodAutoscaler"
+        assert cl.child("Deployment", name)["spec"]["replicas"] == 2
+
+        cl.patch(name, {"autoscaling": {"engine": "KEDA", "prometheusUrl": "http://prometheus:9090"}})
+        wait_for(lambda: hpa() is None, 30, "the HPA removed")
+        cond = wait_for(lambda: (x := condition(cl.njd(name), c.COND_AUTOSCALING)).get("reason") == "KEDANotInstalled" and x,
+                        30, "KEDANotInstalled")  # fmt: skip
+        assert cond["status"] == "False" and cond["message"].startswith("spec.autoscaling.engine:")
+        cl.patch(name, {"autoscaling": {"engine": "None"}})
+        wait_for(lambda: condition(cl.njd(name), c.COND_AUTOSCALING).get("reason") == "Disabled", 30, "Disabled")
+        delete_and_wait(cl, name)
+    assert_clean(runner.output)
+
+
 def _count_children(cl: Cluster, name: str) -> dict[str, int]:
     sel = f"nightjar.dev/deployment={name}"
     return {kind: len(cl.listing(kind, sel)) for kind in ("Deployment", "Service", "ConfigMap", "ReplicaSet")}

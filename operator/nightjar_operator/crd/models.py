@@ -308,6 +308,31 @@ class DisruptionBudgetSpec(_Model):
         return v
 
 
+class AutoscalingSpec(_Model):
+    """An autoscaler on the workers' queue depth (vllm:num_requests_waiting), created and owned by the
+    operator, that scales the NightjarDeployment through its scale subresource: spec.replicas then
+    belongs to the autoscaler (leave it out of what you apply)."""
+
+    engine: Literal["None", "HPA", "KEDA"] = "None"
+    """HPA: a HorizontalPodAutoscaler (autoscaling/v2, or v2beta2 before Kubernetes 1.23) on a Pods
+    metric that a metrics adapter (prometheus-adapter) serves; KEDA: a KEDA ScaledObject with a
+    Prometheus trigger (KEDA installed in the cluster)."""
+    min_replicas: int = Field(1, ge=0, le=1000)
+    """Fewest workers (0 only with KEDA: scale to zero when no request waits)."""
+    max_replicas: int = Field(4, ge=1, le=1000)
+    waiting_per_replica: float = Field(4.0, gt=0, le=10_000)
+    """Target mean of vllm:num_requests_waiting per worker: above it the autoscaler adds workers."""
+    hpa_metric: str = Field("vllm_num_requests_waiting", min_length=1, max_length=253, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+    """HPA: the Pods metric's name as the metrics adapter serves it (docs/autoscaling.md has a rule)."""
+    prometheus_url: str | None = Field(None, max_length=2048, pattern=r"^https?://\S+$")
+    """KEDA: the Prometheus the trigger queries (e.g. http://prometheus-operated.monitoring:9090)."""
+    query: str | None = Field(None, min_length=1, max_length=4096)
+    """KEDA: the PromQL (default: the waiting requests of this NightjarDeployment's pods, by the
+    namespace and nightjar_deployment labels that the chart's PodMonitor attaches)."""
+    cooldown_seconds: int = Field(300, ge=0, le=86_400)
+    """Seconds of quiet before scaling down (HPA: the scale-down stabilization window)."""
+
+
 class SloSpec(_Model):
     """Latency objectives; the planner respects tpotP95Ms, the fleet loop reports attainment (SLOMet)."""
 
@@ -394,6 +419,7 @@ class NightjarDeploymentSpec(_Model):
     )
     """Extra arguments appended to the vLLM engine arguments (e.g. --max-model-len=4096)."""
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}})
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, json_schema_extra={"default": {}})
 
 
 # -------------------------------------------------------------------------------------------- status

@@ -26,7 +26,7 @@ from typing import Any
 from nightjar_operator import constants as c
 from nightjar_operator.handlers import fleet
 from nightjar_operator.handlers.k8s import Api
-from nightjar_operator.metrics import op_metrics
+from nightjar_operator.metrics import metrics
 
 log = logging.getLogger("nightjar.operator.fleet")
 
@@ -77,7 +77,7 @@ class FleetLoop:
             except Exception as e:  # noqa: BLE001 - the loop must outlive any one round
                 log.warning("fleet: round failed: %s: %s", type(e).__name__, e)
             elapsed = time.monotonic() - started
-            op_metrics()["round_seconds"].set(elapsed)
+            metrics().fleet_round_seconds.set(elapsed)
             if (elapsed > settings.interval_s) != self._behind:  # log the change, not every round
                 self._behind = elapsed > settings.interval_s
                 level = logging.WARNING if self._behind else logging.INFO
@@ -100,7 +100,7 @@ class FleetLoop:
         live = set(objects.values())
         for uid in [u for u in self.memos if u not in live]:
             del self.memos[uid]
-        op_metrics()["objects"].set(len(objects))
+        metrics().fleet_objects.set(len(objects))
         if not objects:
             return
         pool = self._executor(settings.tick_workers)
@@ -131,7 +131,7 @@ class FleetLoop:
             fm = self.memos.setdefault(uid, fleet.FleetMemo())
             fleet.tick(self.api, body, fm, settings=settings)
         except Exception as e:  # noqa: BLE001 - one object's failure must not stop the others
-            op_metrics()["tick_failures"].labels(namespace, name).inc()
+            metrics().fleet_tick_failures.labels(namespace, name).inc()
             log.warning("fleet %s/%s: tick failed: %s: %s", namespace, name, type(e).__name__, e)
 
 

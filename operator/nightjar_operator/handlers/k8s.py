@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import kubernetes
@@ -27,6 +28,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),  # policy/v1beta1 before 1.21
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),  # v2beta2 before 1.23
+    "ScaledObject": ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     c.KIND: (f"/apis/{c.GROUP}/{c.VERSION}", c.PLURAL),
 }
 
@@ -45,7 +48,8 @@ class Api:
     def __init__(self, client: kubernetes.client.ApiClient, timeout_s: float = 30.0) -> None:
         self.client = client
         self.timeout_s = timeout_s
-        self._pdb_version: str | None = None
+        self._served: dict[str, bool] = {}
+        self._asked: dict[str, float] = {}
 
     def request(
         self,
@@ -72,22 +76,37 @@ class Api:
             raise ApiException(status=resp.status, reason=resp.reason, body=raw.decode("utf-8", "replace"))
         return json.loads(raw) if raw else {}
 
+    def served(self, group_version: str) -> bool:
+        """Whether the cluster serves ``group/version``. A yes is kept; a no is asked again after a
+        minute (KEDA, say, may be installed while the operator runs)."""
+        now = time.monotonic()
+        if self._served.get(group_version) is True or now < self._asked.get(group_version, -1e9) + 60:
+            return self._served.get(group_version, False)
+        prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+        try:
+            self.request("GET", prefix)
+            ok = True
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            ok = False
+        self._served[group_version], self._asked[group_version] = ok, now
+        return ok
+
     def pdb_api_version(self) -> str:
-        """policy/v1 where the cluster serves it (1.21+), else policy/v1beta1; asked once."""
-        if self._pdb_version is None:
-            try:
-                self.request("GET", "/apis/policy/v1")
-                self._pdb_version = "policy/v1"
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-                self._pdb_version = "policy/v1beta1"
-        return self._pdb_version
+        """policy/v1 where the cluster serves it (1.21+), else policy/v1beta1."""
+        return "policy/v1" if self.served("policy/v1") else "policy/v1beta1"
+
+    def hpa_api_version(self) -> str:
+        """autoscaling/v2 where the cluster serves it (1.23+), else autoscaling/v2beta2."""
+        return "autoscaling/v2" if self.served("autoscaling/v2") else "autoscaling/v2beta2"
 
     def path(self, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
         prefix, plural = KINDS[kind]
         if kind == "PodDisruptionBudget":
             prefix = f"/apis/{self.pdb_api_version()}"
+        elif kind == "HorizontalPodAutoscaler":
+            prefix = f"/apis/{self.hpa_api_version()}"
         p = f"{prefix}/namespaces/{namespace}/{plural}"
         if name:
             p += f"/{name}"

@@ -24,6 +24,7 @@ from nightjar_operator import constants as c
 from nightjar_operator.fleet.rollout import stable_spec
 from nightjar_operator.handlers.k8s import Api, api_error_reason, namespace_terminating
 from nightjar_operator.metrics import metrics
+from nightjar_operator.reconcile.autoscaling import KEDA_VERSION, desired_autoscaler
 from nightjar_operator.reconcile.children import Owner, desired_children, override_field
 from nightjar_operator.reconcile.config import live_priors
 from nightjar_operator.reconcile.diff import Action, differences, plan, update_body
@@ -150,6 +151,24 @@ def _delete_unwanted(api: Api, live: dict[str, Any], wanted: set[str], owner: Ow
         live[kind] = None
 
 
+def _live_autoscalers(api: Api, owner: Owner) -> tuple[dict[str, dict[str, Any] | None], set[str]]:
+    """The autoscaler children the cluster can hold (a kind it does not serve is left out), and the
+    kinds the operator may not read (its RBAC left them out: chart values operator.autoscaling)."""
+    out: dict[str, dict[str, Any] | None] = {}
+    forbidden: set[str] = set()
+    for kind, served in (("HorizontalPodAutoscaler", api.served(api.hpa_api_version())),
+                         ("ScaledObject", api.served(KEDA_VERSION))):
+        if not served:
+            continue
+        try:
+            out[kind] = api.get(kind, owner.namespace, owner.name)
+        except ApiException as e:
+            if e.status != 403:
+                raise
+            forbidden.add(kind)
+    return out, forbidden
+
+
 def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | None:
     """Bring the children in line with the spec and write the status. Returns the new status."""
     meta = body["metadata"]
@@ -170,6 +189,8 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
                 "Service": api.get("Service", owner.namespace, c.service_name(owner.name)),
                 "PodDisruptionBudget": api.get("PodDisruptionBudget", owner.namespace, c.pdb_name(owner.name)),
             }
+            scalers, forbidden = _live_autoscalers(api, owner)
+            live.update(scalers)
             observed = Observed()
             if errors:
                 observed.invalid = [str(e) for e in errors]
@@ -182,6 +203,13 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
                 cm = live["ConfigMap"]
                 priors = live_priors(((cm or {}).get("data") or {}).get(c.CONFIG_KEY)) if cm else None
                 wanted = desired_children(owner, spec, priors, api.pdb_api_version())
+                had = get_condition((body.get("status") or {}).get("conditions"), c.COND_AUTOSCALING) is not None
+                scaler, observed.autoscaling = desired_autoscaler(owner, spec, api.served, had)
+                if scaler is not None and scaler["kind"] in forbidden:
+                    observed.autoscaling = ("False", "Forbidden", f"spec.autoscaling.engine: the operator may not manage "
+                                            f"{scaler['kind']}s (chart values operator.autoscaling)")  # fmt: skip
+                    scaler = None
+                wanted += [scaler] if scaler is not None else []
                 for desired in wanted:
                     kind = desired["kind"]
                     live[kind] = _apply_child(api, desired, live[kind], owner, body, observed)

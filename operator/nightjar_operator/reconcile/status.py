@@ -64,6 +64,7 @@ class Observed:
     conflicts: list[str] = field(default_factory=list)  # children with our name owned by someone else
     pod_problems: list[str] = field(default_factory=list)  # why worker pods do not start (pod_problems())
     rejected: list[str] = field(default_factory=list)  # children the apiserver refused (422), naming spec fields
+    autoscaling: tuple[str, str, str] | None = None  # the Autoscaling condition (status, reason, message)
 
 
 # Waiting reasons that do not clear by themselves: the pod needs a fix (image, config, crash).
@@ -188,6 +189,8 @@ def compute_status(body: dict[str, Any], observed: Observed, now: str | None = N
     if get_condition(conds, c.COND_ELASTIC_MEMORY) is None:  # the fleet loop sets it from the workers' metrics
         conds = set_condition(conds, c.COND_ELASTIC_MEMORY, "Unknown", "NotMeasured",
                               "no worker has reported its elastic memory state yet", gen, now)
+    if observed.autoscaling is not None:
+        conds = set_condition(conds, c.COND_AUTOSCALING, *observed.autoscaling, gen, now)
     conds.sort(key=lambda x: (c.CONDITION_TYPES + (x["type"],)).index(x["type"]))
 
     status = dict(old)

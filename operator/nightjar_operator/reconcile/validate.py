@@ -128,6 +128,15 @@ def semantic_errors(spec: NightjarDeploymentSpec, name: str = "") -> list[FieldE
             FieldError(f"spec.speculation.offload.{field}", f"kvUsageLow ({low}) must be below kvUsageHigh ({high})")
         )
 
+    a = spec.autoscaling
+    if a.engine != "None":
+        if a.max_replicas < a.min_replicas:
+            errs.append(FieldError("spec.autoscaling.maxReplicas", f"must be at least minReplicas ({a.max_replicas} < {a.min_replicas})"))
+        if a.engine == "HPA" and a.min_replicas < 1:
+            errs.append(FieldError("spec.autoscaling.minReplicas", "must be at least 1 with engine HPA (KEDA can scale to zero)"))
+        if a.engine == "KEDA" and not a.prometheus_url:
+            errs.append(FieldError("spec.autoscaling.prometheusUrl", "engine KEDA needs the Prometheus its trigger queries"))
+
     steps = spec.rollout.steps
     for i in range(1, len(steps)):
         if steps[i] <= steps[i - 1]:
