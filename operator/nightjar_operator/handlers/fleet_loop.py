@@ -105,7 +105,7 @@ class FleetLoop:
             return
         pool = self._executor(settings.tick_workers)
         loop = asyncio.get_running_loop()
-        # Each tick runs in a copy of this task's context: kopf's event poster lives in context vars.
+        # Each tick runs in a copy of this task's context vars, as asyncio.to_thread would run it.
         ticks = [
             loop.run_in_executor(pool, contextvars.copy_context().run, self.tick_one, ns, name, uid, settings)
             for (ns, name), uid in sorted(objects.items())
