@@ -115,3 +115,14 @@ def crd(k8s):
     k8s.kubectl("apply", "-f", str(crd_file))
     k8s.kubectl("wait", "--for=condition=Established", f"crd/{c.CRD_NAME}", "--timeout=30s")
     return c.CRD_NAME
+
+
+@pytest.fixture(scope="session")
+def routing_crds(k8s):
+    """Stand-ins for the Gateway API HTTPRoute and Inference Extension InferencePool CRDs
+    (tests/fixtures/routing-crds.yaml), applied once and Established."""
+    from pathlib import Path
+
+    k8s.kubectl("apply", "-f", str(Path(__file__).resolve().parent / "fixtures/routing-crds.yaml"))
+    for name in ("inferencepools.inference.networking.k8s.io", "httproutes.gateway.networking.k8s.io"):
+        k8s.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +15,9 @@ from typing import Any
 from nightjar_operator import constants as c
 from nightjar_worker.serve import free_port
 
-__all__ = ["condition", "cr", "free_port", "wait_for"]
+__all__ = ["condition", "cr", "free_port", "upstream_schema_errors", "wait_for"]
+
+K8S_MODELS = Path(os.environ.get("CACHE", Path.home() / ".cache/nightjar")) / "k8s-models"
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 30, what: str = "condition", interval: float = 0.2,
@@ -58,3 +63,15 @@ def cr(name: str, **spec: Any) -> dict[str, Any]:
         **spec,
     }
     return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name}, "spec": body}
+
+
+def upstream_schema_errors(objs: list[dict[str, Any]]) -> list[str]:
+    """One line per object from the upstream-derived schemas of third-party kinds (KEDA, Gateway
+    API: the kubernetes-models npm packages that ``make k8s-models`` installs): "ok" or what is wrong."""
+    import pytest
+
+    if not (K8S_MODELS / "node_modules").is_dir() or not shutil.which("node"):
+        pytest.fail(f"the KEDA / Gateway API schemas are missing in {K8S_MODELS}: run `make k8s-models`", pytrace=False)
+    p = subprocess.run(["node", str(K8S_MODELS / "validate.mjs")], input=json.dumps(objs), capture_output=True,
+                       text=True, timeout=60, check=True)  # fmt: skip
+    return p.stdout.splitlines()

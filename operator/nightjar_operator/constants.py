@@ -24,6 +24,7 @@ LABEL_DEPLOYMENT = f"{GROUP}/deployment"  # name of the owning NightjarDeploymen
 LABEL_TRACK = f"{GROUP}/track"
 WORKER_APP = "nightjar-worker"
 TRACK_STABLE = "stable"
+TRACK_CANDIDATE = "candidate"
 
 # Annotations the operator writes.
 ANN_DESIRED_HASH = f"{GROUP}/desired-hash"  # hash of what the operator last wrote into a child
@@ -48,7 +49,9 @@ COND_DEGRADED = "Degraded"
 COND_SLO_MET = "SLOMet"
 COND_ELASTIC_MEMORY = "ElasticMemory"
 COND_AUTOSCALING = "Autoscaling"
-CONDITION_TYPES = (COND_READY, COND_PROGRESSING, COND_DEGRADED, COND_SLO_MET, COND_ELASTIC_MEMORY, COND_AUTOSCALING)
+COND_ROUTING = "Routing"
+CONDITION_TYPES = (COND_READY, COND_PROGRESSING, COND_DEGRADED, COND_SLO_MET, COND_ELASTIC_MEMORY, COND_AUTOSCALING,
+                   COND_ROUTING)
 
 
 def config_map_name(name: str) -> str:
@@ -65,3 +68,12 @@ def deployment_name(name: str) -> str:
 
 def service_name(name: str) -> str:
     return name
+
+
+def candidate_name(name: str) -> str:
+    """The rollout's candidate revision: its Deployment (and, with spec.routing, its pool or Service)."""
+    return f"{name}-candidate"
+
+
+def candidate_config_name(name: str) -> str:
+    return f"{name}-candidate-config"

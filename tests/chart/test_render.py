@@ -91,6 +91,21 @@ def test_rbac_is_least_privilege(helm):
     assert not any(res == "customresourcedefinitions" and v not in ("get", "list", "watch") for _, res, v in allowed)
 
 
+@pytest.mark.parametrize(("value", "group", "resource"), [
+    ("operator.autoscaling.hpa", "autoscaling", "horizontalpodautoscalers"),
+    ("operator.autoscaling.keda", "keda.sh", "scaledobjects"),
+    ("operator.routing.gatewayApi", "gateway.networking.k8s.io", "httproutes"),
+    ("operator.routing.inferencePool", "inference.networking.k8s.io", "inferencepools"),
+])  # fmt: skip
+def test_optional_kinds_gated_by_values(helm, value, group, resource):
+    def granted(objs) -> set[str]:
+        return {v for cr in objs.of("ClusterRole") for r in cr["rules"] if group in r["apiGroups"]
+                and resource in r["resources"] for v in r["verbs"]}  # fmt: skip
+
+    assert granted(render(helm)) == {"get", "create", "update", "delete"}
+    assert granted(render(helm, sets=[f"{value}=false"])) == set()
+
+
 def test_namespaced_values(helm):
     objs = render(helm, [ROOT / "tests/chart/values/namespaced.yaml"])
     assert "CustomResourceDefinition" not in objs.kinds()

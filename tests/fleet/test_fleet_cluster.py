@@ -306,6 +306,44 @@ def test_good_candidate_is_promoted_across_an_operator_restart(fleet: Fleet):
     assert "Traceback" not in runner.output, runner.output[-3000:]
 
 
+def test_canary_share_as_httproute_weights(fleet: Fleet, routing_crds):
+    """spec.routing with an HTTPRoute over two InferencePools (each with its own endpoint picker):
+    the canary's share is a weight in the route, the stable Deployment keeps all its replicas and
+    the candidate gets its share; reverting the pair takes the candidate's pool and weight away."""
+    name = "weighted"
+    routing = {"httpRoute": {"parentRefs": [{"name": "inference-gateway"}]},
+               "inferencePool": {"endpointPicker": {"name": "weighted-epp"},
+                                 "candidateEndpointPicker": {"name": "weighted-epp-canary"}}}  # fmt: skip
+
+    def weights() -> list[tuple[str, int]]:
+        r = fleet.get("HTTPRoute", name) or {"spec": {"rules": [{"backendRefs": []}]}}
+        return [(b["name"], b["weight"]) for b in r["spec"]["rules"][0]["backendRefs"]]
+
+    fleet.apply(cr(name, replicas=2, routing=routing, rollout={"steps": [50, 100], "analysisWindowSeconds": 600}))
+    with KopfRunner(fleet.run_args, timeout=90) as runner:
+        for ip in fleet.pod_ips(track_selector(name, c.TRACK_STABLE), 2).values():
+            fleet.ep.simworker(ip)
+        _wait_adopted(fleet, name)
+        wait_for(lambda: weights() == [(name, 100)], 20, "the route to the stable pool")
+        _new_draft(fleet, name)
+        wait_for(lambda: weights() == [(name, 50), (c.candidate_name(name), 50)], 20, "weights 50/50")
+        pool = fleet.get("InferencePool", c.candidate_name(name))
+        assert pool["spec"]["selector"]["matchLabels"][c.LABEL_TRACK] == c.TRACK_CANDIDATE
+        assert pool["spec"]["endpointPickerRef"]["name"] == "weighted-epp-canary"
+        cand = wait_for(lambda: fleet.get("Deployment", c.candidate_name(name)), 20, "candidate Deployment")
+        assert _dep_pair(cand) == ("draft-2", 1)
+        fleet.pod_ips(track_selector(name, c.TRACK_CANDIDATE), 1)
+        # The stable revision is not scaled down to its share (the replica split would make it 1).
+        assert _dep_pair(fleet.get("Deployment", name)) == ("draft-1", 2)
+        assert len(fleet.pod_ips(track_selector(name, c.TRACK_STABLE), 2)) == 2
+
+        fleet.patch(name, {"draft": {"name": "draft-1", "source": {"imagePath": "/models/draft-1"}}})
+        wait_for(lambda: weights() == [(name, 100)], 30, "the candidate's weight removed")
+        wait_for(lambda: fleet.get("InferencePool", c.candidate_name(name)) is None, 30, "the candidate's pool removed")
+        wait_for(lambda: fleet.get("Deployment", c.candidate_name(name)) is None, 30, "the candidate removed")
+    assert "Traceback" not in runner.output, runner.output[-3000:]
+
+
 @pytest.mark.engine
 def test_real_worker_metrics_reach_priors_and_slo(fleet: Fleet, tmp_path, monkeypatch):
     """The real ``nightjar-worker serve`` (bundled CPU pair) at a pod IP; the ConfigMap it would mount is

@@ -5,13 +5,10 @@ and the validation messages naming the field."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import upstream_schema_errors
 from nightjar_operator import constants as c
 from nightjar_operator.crd.models import NightjarDeploymentSpec
 from nightjar_operator.reconcile.autoscaling import default_query, desired_autoscaler, quantity
@@ -19,20 +16,10 @@ from nightjar_operator.reconcile.children import Owner
 from nightjar_operator.reconcile.validate import semantic_errors
 
 OWNER = Owner(name="chat", namespace="team-a", uid="u-1")
-MODELS = Path(os.environ.get("CACHE", Path.home() / ".cache/nightjar")) / "k8s-models"
 
 
 def spec(raw_spec: dict[str, Any], **autoscaling: Any) -> NightjarDeploymentSpec:
     return NightjarDeploymentSpec.model_validate({**raw_spec, "autoscaling": autoscaling})
-
-
-def upstream_schema_errors(objs: list[dict[str, Any]]) -> list[str]:
-    """One line per object from the upstream-derived schemas: "ok" or what is wrong."""
-    if not (MODELS / "node_modules").is_dir() or not shutil.which("node"):
-        pytest.fail(f"the KEDA / Gateway API schemas are missing in {MODELS}: run `make k8s-models`", pytrace=False)
-    p = subprocess.run(["node", str(MODELS / "validate.mjs")], input=json.dumps(objs), capture_output=True,
-                       text=True, timeout=60, check=True)  # fmt: skip
-    return p.stdout.splitlines()
 
 
 def test_quantities():

@@ -383,6 +383,45 @@ def test_autoscaler_scales_through_the_scale_subresource(cl: Cluster):
     assert_clean(runner.output)
 
 
+def test_routing_objects_follow_the_spec(cl: Cluster, routing_crds):
+    """spec.routing: the operator owns an InferencePool (its schema checked by the apiserver) and an
+    HTTPRoute to it; without the pool the route goes to a Service per revision; turning routing off
+    removes them all and says so in the Routing condition."""
+    name = "routed"
+    route = {"parentRefs": [{"name": "inference-gateway", "namespace": "gateway-system"}]}
+    pools = {"endpointPicker": {"name": "routed-epp"}, "candidateEndpointPicker": {"name": "routed-epp-canary"}}
+
+    def backends() -> list[tuple[str, str, int]]:
+        r = cl.child("HTTPRoute", name) or {"spec": {"rules": [{"backendRefs": []}]}}
+        return [(b["kind"], b["name"], b["weight"]) for b in r["spec"]["rules"][0]["backendRefs"]]
+
+    with KopfRunner(RUN_ARGS, timeout=60) as runner:
+        cl.apply(cr(name, replicas=2, routing={"httpRoute": route, "inferencePool": pools}))
+        pool = wait_for(lambda: cl.child("InferencePool", name), 30, "the InferencePool")
+        assert pool["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "nightjar-worker",
+                                                           "nightjar.dev/deployment": name, c.LABEL_TRACK: c.TRACK_STABLE}
+        assert pool["spec"]["endpointPickerRef"] == {"group": "", "kind": "Service", "name": "routed-epp",
+                                                     "port": {"number": 9002}, "failureMode": "FailClose"}
+        wait_for(lambda: backends() == [("InferencePool", name, 100)], 30, "the HTTPRoute to the pool")
+        obj = cl.wait_ready(name, replicas=2)
+        assert condition(obj, c.COND_ROUTING)["reason"] == "Routed"
+        assert cl.child("InferencePool", c.candidate_name(name)) is None  # no rollout: one pool
+
+        cl.patch(name, {"routing": {"inferencePool": None}})
+        wait_for(lambda: backends() == [("Service", f"{name}-stable", 100)], 30, "the HTTPRoute to the stable Service")
+        wait_for(lambda: cl.child("InferencePool", name) is None, 30, "the InferencePool removed")
+        svc = cl.child("Service", f"{name}-stable")
+        assert svc["spec"]["selector"][c.LABEL_TRACK] == c.TRACK_STABLE
+
+        cl.patch(name, {"routing": None})
+        wait_for(lambda: condition(cl.njd(name), c.COND_ROUTING).get("reason") == "Disabled", 30, "Disabled")
+        wait_for(lambda: cl.child("HTTPRoute", name) is None and cl.child("Service", f"{name}-stable") is None,
+                 30, "the HTTPRoute and the stable Service removed")  # fmt: skip
+        assert cl.child("Service", name) is not None  # the workers' own Service stays
+        delete_and_wait(cl, name)
+    assert_clean(runner.output)
+
+
 def _count_children(cl: Cluster, name: str) -> dict[str, int]:
     sel = f"nightjar.dev/deployment={name}"
     return {kind: len(cl.listing(kind, sel)) for kind in ("Deployment", "Service", "ConfigMap", "ReplicaSet")}

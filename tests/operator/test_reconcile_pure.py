@@ -202,7 +202,7 @@ def test_pod_problems_name_pod_container_and_cause():
 
 
 def test_service_selects_all_tracks(raw_spec):
-    svc = desired_service(OWNER, _spec(raw_spec))
+    svc = desired_service(OWNER)
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
     assert c.LABEL_TRACK not in svc["spec"]["selector"]
     pod_labels = desired_deployment(OWNER, _spec(raw_spec))["spec"]["template"]["metadata"]["labels"]
@@ -268,9 +268,8 @@ def test_drift_and_removals_are_updates(raw_spec):
     assert diff.plan(dep, with_gpu, OWNER.uid) is diff.Action.UPDATE
 
 
-def test_update_body_replaces_spec_and_keeps_server_fields(raw_spec):
-    spec = _spec(raw_spec)
-    svc = desired_service(OWNER, spec)
+def test_update_body_replaces_spec_and_keeps_server_fields():
+    svc = desired_service(OWNER)
     live = _served(svc)
     live["metadata"]["labels"]["team"] = "ml"
     live["metadata"]["annotations"]["note"] = "kept"

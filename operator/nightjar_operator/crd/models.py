@@ -333,6 +333,63 @@ class AutoscalingSpec(_Model):
     """Seconds of quiet before scaling down (HPA: the scale-down stabilization window)."""
 
 
+class ParentReference(_Model):
+    """A Gateway (or one of its listeners) the HTTPRoute attaches to (Gateway API ParentReference)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    namespace: str | None = Field(None, min_length=1, max_length=63, pattern=DNS1123_LABEL)
+    """Default: the NightjarDeployment's namespace (the Gateway must allow routes from it)."""
+    section_name: str | None = Field(None, min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    """A listener of the Gateway (default: every listener that accepts the route)."""
+
+
+class HTTPRouteSpec(_Model):
+    """An HTTPRoute from Gateways to the workers (gateway.networking.k8s.io/v1)."""
+
+    parent_refs: list[ParentReference] = Field(min_length=1, max_length=32)
+    hostnames: list[Annotated[str, Field(min_length=1, max_length=253, pattern=r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]] | None = Field(None, max_length=16)
+    """Host names the route matches (default: every host of the Gateway's listeners)."""
+    path_prefix: str = Field("/", min_length=1, max_length=1024, pattern=ABS_PATH_PATTERN)
+    """Requests under this path go to the workers (their OpenAI-compatible API: /v1/...)."""
+
+
+class EndpointPickerRef(_Model):
+    """The endpoint picker (EPP) Service that routes a pool's requests to its pods by their queues and
+    KV cache. You deploy it (the Gateway API Inference Extension's or llm-d's inferencepool chart),
+    configured for the pool the operator creates (docs/routing.md)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS1123_LABEL)
+    """Name of the endpoint picker's Service in the NightjarDeployment's namespace."""
+    port: int = Field(9002, ge=1, le=65535)
+    """Its gRPC (ext-proc) port."""
+    failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
+    """When the picker does not answer: FailOpen sends the request to some pod of the pool,
+    FailClose refuses it."""
+
+
+class InferencePoolSpec(_Model):
+    """An InferencePool over the workers (inference.networking.k8s.io/v1, the Gateway API Inference
+    Extension), so an endpoint-picking Gateway routes to them."""
+
+    endpoint_picker: EndpointPickerRef
+    """The pool's endpoint picker."""
+    candidate_endpoint_picker: EndpointPickerRef | None = None
+    """The picker of a second pool over a rollout's candidate pods (a picker serves one pool). With
+    it and an httpRoute the canary's share is an HTTPRoute weight between the two pools; without
+    it the one pool spans both revisions and the share is a share of the replicas."""
+
+
+class RoutingSpec(_Model):
+    """Gateway API objects in front of the workers, owned by the operator. The workers' own Service
+    is there either way."""
+
+    http_route: HTTPRouteSpec | None = None
+    """An HTTPRoute to the workers (to the InferencePool when inferencePool is set, else to a
+    Service per revision). During a model-pair rollout its backend weights carry the canary's share
+    and the stable revision keeps all its replicas (docs/routing.md)."""
+    inference_pool: InferencePoolSpec | None = None
+
+
 class SloSpec(_Model):
     """Latency objectives; the planner respects tpotP95Ms, the fleet loop reports attainment (SLOMet)."""
 
@@ -408,10 +465,10 @@ class NightjarDeploymentSpec(_Model):
     pod_annotations: dict[str, Annotated[str, Field(max_length=4096)]] | None = None
     """Deprecated: use pod.annotations (both are applied; pod.annotations wins)."""
     pod: PodSpecOverrides = Field(default_factory=PodSpecOverrides, json_schema_extra={"default": {}})
+    """Worker pod overrides: scheduling, identity, extra env, volumes, labels, annotations."""
     drain: DrainSpec = Field(default_factory=DrainSpec, json_schema_extra={"default": {}})
     disruption_budget: DisruptionBudgetSpec = Field(default_factory=DisruptionBudgetSpec,
                                                     json_schema_extra={"default": {}})
-    """Worker pod overrides: scheduling, identity, extra env, volumes, labels, annotations."""
     hub: HubSpec = Field(default_factory=HubSpec, json_schema_extra={"default": {}})
     model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec, json_schema_extra={"default": {}})
     vllm_args: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
@@ -420,6 +477,7 @@ class NightjarDeploymentSpec(_Model):
     """Extra arguments appended to the vLLM engine arguments (e.g. --max-model-len=4096)."""
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}})
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, json_schema_extra={"default": {}})
+    routing: RoutingSpec = Field(default_factory=RoutingSpec, json_schema_extra={"default": {}})
 
 
 # -------------------------------------------------------------------------------------------- status

@@ -110,12 +110,18 @@ class Plan:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type Normal|Warning, reason, message)
 
 
-def split_replicas(total: int, weight: int) -> tuple[int, int]:
+def split_replicas(total: int, weight: int, weighted: bool = False) -> tuple[int, int]:
     """(stable, candidate) replicas for a candidate share of ``weight`` percent of ``total``.
-    Each revision keeps at least one replica until the candidate reaches 100% (so small
-    deployments can still compare the two; the total may then exceed ``total`` by one)."""
+
+    Replica split (the one Service spreads requests over every pod): each revision keeps at least
+    one replica until the candidate reaches 100% (so small deployments can still compare the two;
+    the total may then exceed ``total`` by one). ``weighted``: an HTTPRoute's backend weights carry
+    the share, so the stable revision keeps all its replicas (a rollback is instant) and the
+    candidate gets enough for its share."""
     if weight <= 0:
         return total, 0
+    if weighted:
+        return total, max(1, math.ceil(total * min(weight, 100) / 100)) if total > 0 else 0
     if weight >= 100:
         return 0, total
     if total <= 0:
@@ -174,8 +180,10 @@ def plan(
     now: float,
     analysis: Analysis | None,
     gate: Gate | None = None,
+    weighted: bool = False,
 ) -> Plan:
-    """One tick of the rollout state machine (see module docstring)."""
+    """One tick of the rollout state machine (see module docstring). ``weighted``: the share goes
+    through HTTPRoute weights (``split_replicas``)."""
     gate = gate or Gate()
     ev: list[tuple[str, str, str]] = []
     if state is None or state.stable is None:
@@ -209,7 +217,7 @@ def plan(
         reason = f"model pair changed: stable {s.stable.revision} -> candidate {desired.revision} at {steps[0]}%"
         s.last_decision = Decision(action="Started", reason=reason, at=now)
         ev.append(("Normal", "RolloutStarted", reason))
-        st, ca = split_replicas(replicas, s.weight)
+        st, ca = split_replicas(replicas, s.weight, weighted)
         return Plan(s, st, ca, ev)
     # A candidate is in flight.
     s.step = min(s.step, len(steps) - 1)  # steps may have been edited shorter
@@ -217,13 +225,13 @@ def plan(
     started = s.window_started_at if s.window_started_at is not None else now
     s.window_started_at = started
     if now - started < window_s or analysis is None:
-        st, ca = split_replicas(replicas, s.weight)
+        st, ca = split_replicas(replicas, s.weight, weighted)
         return Plan(s, st, ca, ev)
     verdict, why = judge(analysis, gate)
     if verdict is None:
         if s.last_decision is None or s.last_decision.action != "Waiting":
             s.last_decision = Decision(action="Waiting", reason=why, at=now)
-        st, ca = split_replicas(replicas, s.weight)
+        st, ca = split_replicas(replicas, s.weight, weighted)
         return Plan(s, st, ca, ev)
     if not verdict:
         reason = f"step {s.step + 1}/{len(steps)} at {s.weight}%: {why}"
@@ -244,7 +252,7 @@ def plan(
     reason = f"step {s.step}/{len(steps)} passed ({why}); now {s.weight}%"
     s.last_decision = Decision(action="Advanced", reason=reason, at=now)
     ev.append(("Normal", "RolloutAdvanced", reason))
-    st, ca = split_replicas(replicas, s.weight)
+    st, ca = split_replicas(replicas, s.weight, weighted)
     return Plan(s, st, ca, ev)
 
 
@@ -279,10 +287,11 @@ def pair_of(spec: NightjarDeploymentSpec) -> dict[str, Any]:
     return {"target": spec.target.wire(), "draft": spec.draft.wire()}
 
 
-def stable_spec(spec: NightjarDeploymentSpec, status: dict[str, Any] | None) -> NightjarDeploymentSpec:
+def stable_spec(spec: NightjarDeploymentSpec, status: dict[str, Any] | None,
+                weighted: bool = False) -> NightjarDeploymentSpec:
     """The spec the *stable* Deployment is rendered from: while the spec's model pair differs from the
     stable revision in ``status.rollout``, keep the stable pair; during a rollout, keep the stable
-    share of the replicas. Without rollout state this is ``spec`` itself."""
+    share of the replicas (all of them when ``weighted``). Without rollout state this is ``spec``."""
     if spec.rollout.strategy == "Replace":
         return spec  # no candidate revision: the new pair rolls out in the one Deployment
     try:
@@ -296,5 +305,14 @@ def stable_spec(spec: NightjarDeploymentSpec, status: dict[str, Any] | None) -> 
         update["target"] = ModelRef.model_validate(st.stable.pair["target"])
         update["draft"] = ModelRef.model_validate(st.stable.pair["draft"])
     if st.phase == "Progressing" and st.candidate is not None:
-        update["replicas"] = split_replicas(spec.replicas, st.weight)[0]
+        update["replicas"] = split_replicas(spec.replicas, st.weight, weighted)[0]
     return spec.model_copy(update=update) if update else spec
+
+
+def candidate_weight(status: dict[str, Any] | None) -> int:
+    """The candidate's traffic share in percent during a rollout (0 without one)."""
+    try:
+        st = RolloutState.from_status((status or {}).get("rollout"))
+    except Exception:  # noqa: BLE001 - as in stable_spec
+        return 0
+    return st.weight if st is not None and st.phase == "Progressing" and st.candidate is not None else 0

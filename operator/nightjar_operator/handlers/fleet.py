@@ -51,7 +51,6 @@ log = logging.getLogger("nightjar.operator.fleet")
 # One INFO line per scrape per pod is noise at a 15 s interval times N pods.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-TRACK_CANDIDATE = "candidate"
 
 # --------------------------------------------------------------------------------------- settings
 
@@ -332,7 +331,7 @@ def tick(api: Api, body: dict[str, Any], fm: FleetMemo, now: float | None = None
 
     # 3. priors per track (planner estimates are gauges: current values, not windowed)
     pushed: dict[str, int] = {}
-    for track, cm_name in ((c.TRACK_STABLE, c.config_map_name(name)), (TRACK_CANDIDATE, f"{name}-candidate-config")):
+    for track, cm_name in ((c.TRACK_STABLE, c.config_map_name(name)), (c.TRACK_CANDIDATE, c.candidate_config_name(name))):
         pods = {u: pm for u, pm in current.items() if by_uid[u].track == track}
         if not pods:
             continue

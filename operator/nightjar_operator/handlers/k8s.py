@@ -30,6 +30,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),  # policy/v1beta1 before 1.21
     "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),  # v2beta2 before 1.23
     "ScaledObject": ("/apis/keda.sh/v1alpha1", "scaledobjects"),
+    "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
+    "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
     c.KIND: (f"/apis/{c.GROUP}/{c.VERSION}", c.PLURAL),
 }
 

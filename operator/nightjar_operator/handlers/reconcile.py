@@ -21,14 +21,22 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from nightjar_operator import constants as c
-from nightjar_operator.fleet.rollout import stable_spec
+from nightjar_operator.fleet.rollout import candidate_weight, stable_spec
 from nightjar_operator.handlers.k8s import Api, api_error_reason, namespace_terminating
 from nightjar_operator.metrics import metrics
 from nightjar_operator.reconcile.autoscaling import KEDA_VERSION, desired_autoscaler
 from nightjar_operator.reconcile.children import Owner, desired_children, override_field
 from nightjar_operator.reconcile.config import live_priors
 from nightjar_operator.reconcile.diff import Action, differences, plan, update_body
+from nightjar_operator.reconcile.routing import (
+    GATEWAY_VERSION,
+    POOL_VERSION,
+    desired_routing,
+    possible_children,
+    weighted,
+)
 from nightjar_operator.reconcile.status import (
+    Condition,
     Observed,
     compute_status,
     get_condition,
@@ -38,6 +46,8 @@ from nightjar_operator.reconcile.status import (
 from nightjar_operator.reconcile.validate import parse_spec, semantic_errors
 
 log = logging.getLogger("nightjar.operator")
+
+ROUTING_VERSIONS = {"InferencePool": POOL_VERSION, "HTTPRoute": GATEWAY_VERSION, "Service": "v1"}
 
 # Test-only fault injection: pause right after writing this child kind, so a test can SIGKILL the
 # operator mid-reconcile at a known point. Never set in production manifests.
@@ -133,40 +143,52 @@ def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None,
     return updated
 
 
-def _delete_unwanted(api: Api, live: dict[str, Any], wanted: set[str], owner: Owner) -> None:
-    """Optional children (the PodDisruptionBudget) that the spec no longer asks for go away; only
-    ours (controller ownerReference), never an object someone else made with the same name."""
-    for kind, obj in live.items():
-        if kind in wanted or obj is None:
+Key = tuple[str, str]  # (kind, name) of a child
+
+
+def _delete_unwanted(api: Api, live: dict[Key, dict[str, Any] | None], wanted: set[Key], owner: Owner) -> None:
+    """Optional children (the PodDisruptionBudget, an autoscaler, routing) that the spec no longer
+    asks for go away; only ours (controller ownerReference), never an object someone else made
+    with the same name."""
+    for (kind, name), obj in live.items():
+        if (kind, name) in wanted or obj is None:
             continue
         if not any(r.get("uid") == owner.uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or []):
             continue
         try:
-            api.request("DELETE", api.path(kind, owner.namespace, obj["metadata"]["name"]))
+            api.request("DELETE", api.path(kind, owner.namespace, name))
         except ApiException as e:
             if e.status != 404:
                 raise
         metrics().child_writes.labels(kind, "delete").inc()
-        log.info("deleted %s %s/%s (no longer wanted)", kind, owner.namespace, obj["metadata"]["name"])
-        live[kind] = None
+        log.info("deleted %s %s/%s (no longer wanted)", kind, owner.namespace, name)
+        live[(kind, name)] = None
 
 
-def _live_autoscalers(api: Api, owner: Owner) -> tuple[dict[str, dict[str, Any] | None], set[str]]:
-    """The autoscaler children the cluster can hold (a kind it does not serve is left out), and the
-    kinds the operator may not read (its RBAC left them out: chart values operator.autoscaling)."""
-    out: dict[str, dict[str, Any] | None] = {}
+def _live_optional(api: Api, namespace: str, children: list[tuple[str, str, str]]) -> tuple[dict[Key, dict[str, Any] | None], set[str]]:
+    """Optional children, given as (kind, name, group/version), that the cluster can hold (a version
+    it does not serve is left out), and the kinds the operator may not read (its RBAC left them
+    out: chart values operator.autoscaling, operator.routing)."""
+    out: dict[Key, dict[str, Any] | None] = {}
     forbidden: set[str] = set()
-    for kind, served in (("HorizontalPodAutoscaler", api.served(api.hpa_api_version())),
-                         ("ScaledObject", api.served(KEDA_VERSION))):
-        if not served:
+    for kind, name, version in children:
+        if kind in forbidden or not api.served(version):
             continue
         try:
-            out[kind] = api.get(kind, owner.namespace, owner.name)
+            out[(kind, name)] = api.get(kind, namespace, name)
         except ApiException as e:
             if e.status != 403:
                 raise
             forbidden.add(kind)
     return out, forbidden
+
+
+def _forbidden(objs: list[dict[str, Any]], forbidden: set[str], field: str, values: str) -> Condition | None:
+    kinds = sorted({o["kind"] for o in objs} & forbidden)
+    if not kinds:
+        return None
+    return ("False", "Forbidden", f"{field}: the operator may not manage {', '.join(k + 's' for k in kinds)} "
+            f"(chart values {values})")  # fmt: skip
 
 
 def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | None:
@@ -183,14 +205,17 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
             spec, errors = parse_spec(body.get("spec"))
             if spec is not None:
                 errors = semantic_errors(spec, owner.name)
-            live = {
-                "ConfigMap": api.get("ConfigMap", owner.namespace, c.config_map_name(owner.name)),
-                "Deployment": api.get("Deployment", owner.namespace, c.deployment_name(owner.name)),
-                "Service": api.get("Service", owner.namespace, c.service_name(owner.name)),
-                "PodDisruptionBudget": api.get("PodDisruptionBudget", owner.namespace, c.pdb_name(owner.name)),
-            }
-            scalers, forbidden = _live_autoscalers(api, owner)
-            live.update(scalers)
+            cm_key, dep_key = ("ConfigMap", c.config_map_name(owner.name)), ("Deployment", c.deployment_name(owner.name))
+            fixed = (cm_key, dep_key, ("Service", c.service_name(owner.name)), ("PodDisruptionBudget", c.pdb_name(owner.name)))
+            live: dict[Key, dict[str, Any] | None] = {(k, n): api.get(k, owner.namespace, n) for k, n in fixed}
+            conditions = (body.get("status") or {}).get("conditions")
+            optional = [("HorizontalPodAutoscaler", owner.name, api.hpa_api_version()),
+                        ("ScaledObject", owner.name, KEDA_VERSION)]
+            had_routing = get_condition(conditions, c.COND_ROUTING) is not None
+            if had_routing or (spec is not None and (spec.routing.http_route or spec.routing.inference_pool)):
+                optional += [(k, n, ROUTING_VERSIONS[k]) for k, n in possible_children(owner.name)]
+            found, forbidden = _live_optional(api, owner.namespace, optional)
+            live.update(found)
             observed = Observed()
             if errors:
                 observed.invalid = [str(e) for e in errors]
@@ -199,23 +224,27 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
             else:
                 assert spec is not None
                 # During a model-pair rollout the stable Deployment keeps the stable pair and share.
-                spec = stable_spec(spec, body.get("status"))
-                cm = live["ConfigMap"]
+                split = weighted(spec, api.served)
+                routes, observed.routing = desired_routing(owner, spec, api.served, candidate_weight(body.get("status")),
+                                                           had_routing)  # fmt: skip
+                if (refused := _forbidden(routes, forbidden, "spec.routing", "operator.routing")) is not None:
+                    routes, observed.routing, split = [], refused, False
+                spec = stable_spec(spec, body.get("status"), split)
+                cm = live[cm_key]
                 priors = live_priors(((cm or {}).get("data") or {}).get(c.CONFIG_KEY)) if cm else None
                 wanted = desired_children(owner, spec, priors, api.pdb_api_version())
-                had = get_condition((body.get("status") or {}).get("conditions"), c.COND_AUTOSCALING) is not None
+                had = get_condition(conditions, c.COND_AUTOSCALING) is not None
                 scaler, observed.autoscaling = desired_autoscaler(owner, spec, api.served, had)
-                if scaler is not None and scaler["kind"] in forbidden:
-                    observed.autoscaling = ("False", "Forbidden", f"spec.autoscaling.engine: the operator may not manage "
-                                            f"{scaler['kind']}s (chart values operator.autoscaling)")  # fmt: skip
-                    scaler = None
-                wanted += [scaler] if scaler is not None else []
+                scalers = [scaler] if scaler is not None else []
+                if (refused := _forbidden(scalers, forbidden, "spec.autoscaling.engine", "operator.autoscaling")) is not None:
+                    scalers, observed.autoscaling = [], refused
+                wanted += scalers + routes
                 for desired in wanted:
-                    kind = desired["kind"]
-                    live[kind] = _apply_child(api, desired, live[kind], owner, body, observed)
-                _delete_unwanted(api, live, {d["kind"] for d in wanted}, owner)
+                    key = (desired["kind"], desired["metadata"]["name"])
+                    live[key] = _apply_child(api, desired, live.get(key), owner, body, observed)
+                _delete_unwanted(api, live, {(d["kind"], d["metadata"]["name"]) for d in wanted}, owner)
                 result = "conflict" if observed.conflicts else "ok"
-            dep = live["Deployment"]
+            dep = live[dep_key]
             observed.deployment = dep if dep is not None and any(
                 r.get("uid") == owner.uid for r in dep["metadata"].get("ownerReferences") or []
             ) else None

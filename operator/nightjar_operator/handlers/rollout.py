@@ -51,19 +51,9 @@ from nightjar_operator.reconcile.children import (
 from nightjar_operator.reconcile.config import live_priors, render_runtime_config
 from nightjar_operator.reconcile.diff import Action, update_body
 from nightjar_operator.reconcile.diff import plan as diff_plan
+from nightjar_operator.reconcile.routing import weighted
 
 log = logging.getLogger("nightjar.operator.rollout")
-
-TRACK_CANDIDATE = "candidate"
-
-
-def candidate_name(name: str) -> str:
-    return f"{name}-candidate"
-
-
-def candidate_config_name(name: str) -> str:
-    return f"{name}-candidate-config"
-
 
 # --------------------------------------------------------------------------------- pure helpers
 
@@ -78,17 +68,17 @@ def _retrack(obj: dict[str, Any], name: str) -> dict[str, Any]:
     obj = copy.deepcopy(obj)
     ann = obj["metadata"].setdefault("annotations", {})
     ann.pop(c.ANN_DESIRED_HASH, None)
-    obj["metadata"]["labels"][c.LABEL_TRACK] = TRACK_CANDIDATE
+    obj["metadata"]["labels"][c.LABEL_TRACK] = c.TRACK_CANDIDATE
     if obj["kind"] == "ConfigMap":
-        obj["metadata"]["name"] = candidate_config_name(name)
+        obj["metadata"]["name"] = c.candidate_config_name(name)
     else:
-        obj["metadata"]["name"] = candidate_name(name)
+        obj["metadata"]["name"] = c.candidate_name(name)
         spec = obj["spec"]
-        spec["selector"] = {"matchLabels": pod_selector(name, TRACK_CANDIDATE)}
-        spec["template"]["metadata"]["labels"][c.LABEL_TRACK] = TRACK_CANDIDATE
+        spec["selector"] = {"matchLabels": pod_selector(name, c.TRACK_CANDIDATE)}
+        spec["template"]["metadata"]["labels"][c.LABEL_TRACK] = c.TRACK_CANDIDATE
         for v in spec["template"]["spec"]["volumes"]:
             if "configMap" in v and v["configMap"].get("name") == c.config_map_name(name):
-                v["configMap"]["name"] = candidate_config_name(name)
+                v["configMap"]["name"] = c.candidate_config_name(name)
     ann[c.ANN_DESIRED_HASH] = stable_hash(obj)
     return obj
 
@@ -186,12 +176,12 @@ def _pair_status(rev: Revision | None, dep: dict[str, Any] | None, deployment: s
 
 def _analysis(state: RolloutState, current: dict[str, PodMetrics], tracks: dict[str, str], fm: Any,
               spec: NightjarDeploymentSpec) -> Analysis:
-    per_track: dict[str, dict[str, PodMetrics]] = {c.TRACK_STABLE: {}, TRACK_CANDIDATE: {}}
+    per_track: dict[str, dict[str, PodMetrics]] = {c.TRACK_STABLE: {}, c.TRACK_CANDIDATE: {}}
     for uid, pm in current.items():
         tr = tracks.get(uid)
         if tr in per_track:
             per_track[tr][uid] = window(fm.rollout_baselines.get(uid), pm)
-    cand, stab = aggregate(per_track[TRACK_CANDIDATE]), aggregate(per_track[c.TRACK_STABLE])
+    cand, stab = aggregate(per_track[c.TRACK_CANDIDATE]), aggregate(per_track[c.TRACK_STABLE])
     slo = spec.slo
     ce = evaluate_slo(cand, slo.ttft_p95_ms, slo.tpot_p95_ms, slo.attainment)
     se = evaluate_slo(stab, slo.ttft_p95_ms, slo.tpot_p95_ms, slo.attainment)
@@ -245,7 +235,8 @@ def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: 
     objective = slo.attainment if (slo.ttft_p95_ms or slo.tpot_p95_ms) else None
     gate = Gate(objective=objective, min_requests=5.0)
     steps = spec.rollout.steps if spec.rollout.strategy == "Canary" else None
-    p = plan(state, desired, spec.replicas, steps, float(spec.rollout.analysis_window_seconds), now, analysis, gate)
+    p = plan(state, desired, spec.replicas, steps, float(spec.rollout.analysis_window_seconds), now, analysis, gate,
+             weighted=weighted(spec, api.served))
     new_key = _window_key(p.state)
     if new_key is not None and new_key != fm.rollout_key:
         fm.rollout_key = new_key
@@ -262,32 +253,32 @@ def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: 
     # Children of the candidate track.
     cand_dep = None
     if p.state.candidate is not None:
-        cm = api.get("ConfigMap", namespace, candidate_config_name(name))
+        cm = api.get("ConfigMap", namespace, c.candidate_config_name(name))
         priors = live_priors(((cm or {}).get("data") or {}).get(c.CONFIG_KEY)) if cm else None
         for obj in candidate_children(owner, spec, p.candidate_replicas, priors):
             live = _apply(api, obj, owner)
             if obj["kind"] == "Deployment":
                 cand_dep = live
     else:
-        live_cand = api.get("Deployment", namespace, candidate_name(name))
+        live_cand = api.get("Deployment", namespace, c.candidate_name(name))
         if live_cand is not None:
             drain = p.state.last_decision is not None and p.state.last_decision.action == "Promoted"
             stable_dep = api.get("Deployment", namespace, c.deployment_name(name))
             if drain and not _stable_caught_up(stable_dep, p.state.stable, spec.replicas):
                 cand_dep = live_cand  # keep serving from the candidate until the promoted stable is ready
             else:
-                _delete(api, "Deployment", namespace, candidate_name(name))
-                _delete(api, "ConfigMap", namespace, candidate_config_name(name))
-                api.post_event(body, "Normal", "CandidateRemoved", f"deleted {candidate_name(name)}")
+                _delete(api, "Deployment", namespace, c.candidate_name(name))
+                _delete(api, "ConfigMap", namespace, c.candidate_config_name(name))
+                api.post_event(body, "Normal", "CandidateRemoved", f"deleted {c.candidate_name(name)}")
         else:
-            _delete(api, "ConfigMap", namespace, candidate_config_name(name))
+            _delete(api, "ConfigMap", namespace, c.candidate_config_name(name))
 
     # Persist the state and the per-track summaries (printer columns Stable / Candidate).
     stable_dep = api.get("Deployment", namespace, c.deployment_name(name))
     fields: dict[str, Any] = {
         "rollout": p.state.to_status(),
         "stable": _pair_status(p.state.stable, stable_dep, c.deployment_name(name)),
-        "candidate": _pair_status(p.state.candidate, cand_dep, candidate_name(name), {"weight": p.state.weight}),
+        "candidate": _pair_status(p.state.candidate, cand_dep, c.candidate_name(name), {"weight": p.state.weight}),
     }
     changed_state = state is None or state.to_status() != p.state.to_status()
     patch_status(api, namespace, name, owner.uid, fields)

@@ -16,13 +16,11 @@ from typing import Any
 from nightjar_operator import constants as c
 from nightjar_operator.crd.models import AutoscalingSpec, NightjarDeploymentSpec
 from nightjar_operator.reconcile.children import Owner, _meta, _with_hash
+from nightjar_operator.reconcile.status import Condition
 
 HPA_VERSIONS = ("autoscaling/v2", "autoscaling/v2beta2")  # v2 from Kubernetes 1.23, v2beta2 before
 KEDA_VERSION = "keda.sh/v1alpha1"
 KINDS = ("HorizontalPodAutoscaler", "ScaledObject")
-
-Condition = tuple[str, str, str]
-
 
 def quantity(v: float) -> str:
     """A Kubernetes quantity for a target value (4 -> "4", 0.5 -> "500m")."""

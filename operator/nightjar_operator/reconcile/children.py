@@ -422,14 +422,16 @@ def desired_deployment(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------------------- service
-def desired_service(owner: Owner, spec: NightjarDeploymentSpec) -> dict[str, Any]:
+def desired_service(owner: Owner, name: str | None = None, selector: dict[str, str] | None = None) -> dict[str, Any]:
+    """The workers' Service (every pod of both revisions); ``name`` and ``selector`` make one for a
+    single revision (spec.routing's HTTPRoute backends)."""
     obj = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(owner, c.service_name(owner.name)),
+        "metadata": _meta(owner, name or c.service_name(owner.name)),
         "spec": {
             "type": "ClusterIP",
-            "selector": service_selector(owner.name),
+            "selector": selector or service_selector(owner.name),
             "ports": [{"name": "http", "port": c.HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
@@ -467,6 +469,6 @@ def desired_pdb(owner: Owner, spec: NightjarDeploymentSpec, api_version: str = "
 def desired_children(owner: Owner, spec: NightjarDeploymentSpec, priors: Any = None,
                      pdb_api_version: str = "policy/v1") -> list[dict[str, Any]]:
     """In apply order: the ConfigMap first so a new pod never waits on a missing volume."""
-    out = [desired_config_map(owner, spec, priors), desired_deployment(owner, spec), desired_service(owner, spec)]
+    out = [desired_config_map(owner, spec, priors), desired_deployment(owner, spec), desired_service(owner)]
     pdb = desired_pdb(owner, spec, pdb_api_version)
     return out + ([pdb] if pdb is not None else [])

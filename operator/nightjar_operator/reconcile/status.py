@@ -55,6 +55,9 @@ def set_condition(
     return out + [new]
 
 
+Condition = tuple[str, str, str]  # (status, reason, message) of a condition the reconcile decides
+
+
 @dataclass
 class Observed:
     """What a reconcile saw and decided."""
@@ -64,7 +67,8 @@ class Observed:
     conflicts: list[str] = field(default_factory=list)  # children with our name owned by someone else
     pod_problems: list[str] = field(default_factory=list)  # why worker pods do not start (pod_problems())
     rejected: list[str] = field(default_factory=list)  # children the apiserver refused (422), naming spec fields
-    autoscaling: tuple[str, str, str] | None = None  # the Autoscaling condition (status, reason, message)
+    autoscaling: Condition | None = None  # the Autoscaling condition
+    routing: Condition | None = None  # the Routing condition
 
 
 # Waiting reasons that do not clear by themselves: the pod needs a fix (image, config, crash).
@@ -191,6 +195,8 @@ def compute_status(body: dict[str, Any], observed: Observed, now: str | None = N
                               "no worker has reported its elastic memory state yet", gen, now)
     if observed.autoscaling is not None:
         conds = set_condition(conds, c.COND_AUTOSCALING, *observed.autoscaling, gen, now)
+    if observed.routing is not None:
+        conds = set_condition(conds, c.COND_ROUTING, *observed.routing, gen, now)
     conds.sort(key=lambda x: (c.CONDITION_TYPES + (x["type"],)).index(x["type"]))
 
     status = dict(old)

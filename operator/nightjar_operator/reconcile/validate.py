@@ -17,6 +17,7 @@ from typing import Any
 from nightjar_contract.runtime import WorkerRuntimeConfig
 from pydantic import ValidationError
 
+from nightjar_operator import constants as c
 from nightjar_operator.crd.models import NightjarDeploymentSpec
 
 # vLLM sizes the draft proposer for K at start-up; beyond this the verification batch cost grows
@@ -137,6 +138,8 @@ def semantic_errors(spec: NightjarDeploymentSpec, name: str = "") -> list[FieldE
         if a.engine == "KEDA" and not a.prometheus_url:
             errs.append(FieldError("spec.autoscaling.prometheusUrl", "engine KEDA needs the Prometheus its trigger queries"))
 
+    errs.extend(routing_errors(spec, name))
+
     steps = spec.rollout.steps
     for i in range(1, len(steps)):
         if steps[i] <= steps[i - 1]:
@@ -150,6 +153,22 @@ def semantic_errors(spec: NightjarDeploymentSpec, name: str = "") -> list[FieldE
     errs.extend(pod_override_errors(spec))
     if not errs:
         errs.extend(planner_config_errors(spec))
+    return errs
+
+
+def routing_errors(spec: NightjarDeploymentSpec, name: str = "") -> list[FieldError]:
+    r, errs = spec.routing, []
+    pool = r.inference_pool
+    if pool is not None and pool.candidate_endpoint_picker is not None:
+        field = "spec.routing.inferencePool.candidateEndpointPicker"
+        if r.http_route is None:
+            errs.append(FieldError(field, "needs spec.routing.httpRoute: the share between the two pools is an HTTPRoute weight"))
+        elif pool.candidate_endpoint_picker.name == pool.endpoint_picker.name:
+            errs.append(FieldError(f"{field}.name", "must differ from endpointPicker.name: an endpoint picker serves one pool"))
+    limit = 63 - len(c.candidate_name(""))  # a Service name is a DNS label
+    if r.http_route is not None and pool is None and len(name) > limit:
+        errs.append(FieldError("metadata.name", f"at most {limit} characters with spec.routing.httpRoute and no "
+                               f"inferencePool: it names the Service {c.candidate_name(name)!r}"))  # fmt: skip
     return errs
 
 
