@@ -9,19 +9,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from nightjar_worker import loadgen
+from nightjar_worker.models import PAIR_DTYPES, PAIRS, pair_args, pair_dirs, pair_dtype  # noqa: F401 - re-exported
 
 ADMIN_TOKEN = "bench-serve"
-PAIRS = ("bundled", "qwen")
-# The Qwen pair runs in float32 on CPU: in bfloat16 this CPU (AVX-512 BF16, no AMX) is compute-bound
-# from 2 rows per GEMM, so verifying 4 tokens costs ~3 decode steps and no draft can pay; float32 GEMMs
-# stay memory-bound up to ~8 rows, the regime of a GPU (docs/engine.md). ``DTYPE`` overrides.
-PAIR_DTYPES = {"bundled": "bfloat16", "qwen": "float32"}
-
-
 def lossless_verdict(detail: dict[str, str]) -> bool:
     """bench-serve's lossless verdict from its per-policy "identical/total" counts (none: false)."""
     return bool(detail) and all(v.split("/")[0] == v.split("/")[1] for v in detail.values())
@@ -32,30 +25,6 @@ def set_cpu_env() -> None:
     the benchmarks let the OS place the (single-threaded) engine instead, unless the caller chose."""
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def pair_dirs(pair: str) -> tuple[Path, Path]:
-    """(target, draft) directories of ``bundled`` (make models) or ``qwen`` (make models-qwen)."""
-    from nightjar_worker.models import bundled_pair, qwen_pair
-
-    if pair not in PAIRS:
-        raise ValueError(f"PAIR: expected one of {PAIRS}, got {pair!r}")
-    t, d = bundled_pair() if pair == "bundled" else qwen_pair()
-    for p, what in ((t, "target"), (d, "draft")):
-        if not (Path(p) / "config.json").is_file():
-            hint = "make models" if pair == "bundled" else "make models-qwen"
-            raise SystemExit(f"PAIR={pair}: {what} {p} missing (run `{hint}`)")
-    return Path(t), Path(d)
-
-
-def pair_dtype(pair: str) -> str:
-    return os.environ.get("DTYPE") or PAIR_DTYPES[pair]
-
-
-def pair_args(pair: str) -> list[str]:
-    """``nightjar-worker serve`` arguments selecting the pair (and its dtype)."""
-    t, d = pair_dirs(pair)
-    return ["--model", str(t), "--draft", str(d), "--dtype", pair_dtype(pair)]
 
 
 def switch_body(name: str, table: list[list[int]] | None = None, priors: dict | None = None) -> dict:

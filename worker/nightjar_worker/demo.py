@@ -248,17 +248,6 @@ def plot(ticks: list[Tick], segs: list[Segment], path: Path, title: str) -> None
     plt.close(fig)
 
 
-def pair_args(pair: str) -> list[str]:
-    """``serve`` arguments for the pair; its dtype as the benchmarks run it (docs/engine.md)."""
-    from nightjar_worker.models import bundled_pair, qwen_pair
-
-    t, d = bundled_pair() if pair == "bundled" else qwen_pair()
-    for p in (t, d):
-        if not (Path(p) / "config.json").is_file():
-            raise SystemExit(f"{p} missing: run `make {'models' if pair == 'bundled' else 'models-qwen'}`")
-    return ["--model", str(t), "--draft", str(d), "--dtype", "bfloat16" if pair == "bundled" else "float32"]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="nightjar-worker demo", description=__doc__.split("\n")[0])
     ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR") or "bundled")
@@ -275,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     live = sys.stdout.isatty() and not args.no_live
     segs = segments(args.scale, args.requests)
 
+    from nightjar_worker.models import pair_args
     from nightjar_worker.serve import ServerProcess
 
     token = secrets.token_hex(8)

@@ -38,14 +38,6 @@ from nightjar_worker.engine.engine_args import DTYPES, cli_args, detect_device, 
 ADMIN_MIDDLEWARE = "nightjar_worker.admin.AdminMiddleware"
 
 
-def bundled_pair() -> tuple[Path, Path]:
-    """(target, draft) directories of the bundled CPU pair built by ``make models`` (engine area)."""
-    from nightjar_worker.models import bundled_pair as _bp
-
-    t, d = _bp()
-    return Path(t), Path(d)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nightjar-worker serve",
@@ -136,6 +128,7 @@ def vllm_argv(args: argparse.Namespace, passthrough: Sequence[str]) -> list[str]
     """The vLLM API server arguments for our options (user passthrough args come last and win)."""
     from nightjar_contract.runtime import RuntimeConfigError
 
+    from nightjar_worker.models import bundled_pair
     from nightjar_worker.runtime_config import load_runtime_config
 
     target, draft = bundled_pair()

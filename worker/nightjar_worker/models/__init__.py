@@ -40,6 +40,36 @@ def qwen_pair() -> tuple[Path, Path]:
     return d / QWEN_TARGET_NAME, d / QWEN_DRAFT_NAME
 
 
+PAIRS = ("bundled", "qwen")
+# The Qwen pair runs in float32 on CPU: in bfloat16 a CPU with AVX-512 BF16 and no AMX is
+# compute-bound from 2 rows per GEMM, so verifying 4 tokens costs ~3 decode steps and no draft can
+# pay; float32 GEMMs stay memory-bound up to ~8 rows, the regime of a GPU (docs/engine.md).
+PAIR_DTYPES = {"bundled": "bfloat16", "qwen": "float32"}
+
+
+def pair_dirs(pair: str) -> tuple[Path, Path]:
+    """(target, draft) directories of ``bundled`` (make models) or ``qwen`` (make models-qwen)."""
+    if pair not in PAIRS:
+        raise ValueError(f"PAIR: expected one of {PAIRS}, got {pair!r}")
+    t, d = bundled_pair() if pair == "bundled" else qwen_pair()
+    for p, what in ((t, "target"), (d, "draft")):
+        if not (p / "config.json").is_file():
+            hint = "make models" if pair == "bundled" else "make models-qwen"
+            raise SystemExit(f"PAIR={pair}: {what} {p} missing (run `{hint}`)")
+    return t, d
+
+
+def pair_dtype(pair: str) -> str:
+    """The pair's dtype as the benchmarks and the demo run it (``DTYPE`` overrides)."""
+    return os.environ.get("DTYPE") or PAIR_DTYPES[pair]
+
+
+def pair_args(pair: str) -> list[str]:
+    """``nightjar-worker serve`` arguments selecting the pair and its dtype."""
+    t, d = pair_dirs(pair)
+    return ["--model", str(t), "--draft", str(d), "--dtype", pair_dtype(pair)]
+
+
 def require_model_dir(path: str | os.PathLike[str], field: str = "model") -> Path:
     """Raise a clear error if ``path`` is not a built HF model directory."""
     p = Path(path)
