@@ -400,7 +400,7 @@ def test_routing_objects_follow_the_spec(cl: Cluster, routing_crds):
         pool = wait_for(lambda: cl.child("InferencePool", name), 30, "the InferencePool")
         assert pool["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "nightjar-worker",
                                                            "nightjar.dev/deployment": name, c.LABEL_TRACK: c.TRACK_STABLE}
-        assert pool["spec"]["endpointPickerRef"] == {"group": "", "kind": "Service", "name": "routed-epp",
+        assert pool["spec"]["endpointPickerRef"] == {"kind": "Service", "name": "routed-epp",
                                                      "port": {"number": 9002}, "failureMode": "FailClose"}
         wait_for(lambda: backends() == [("InferencePool", name, 100)], 30, "the HTTPRoute to the pool")
         obj = cl.wait_ready(name, replicas=2)
