@@ -19,7 +19,7 @@ from engine_helpers import (
     MAX_MODEL_LEN,
     K,
     StepRecorder,
-    generate_ids,
+    generate_margins,
     prompts,
     require_models,
 )
@@ -45,18 +45,19 @@ def engine_env() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def reference_outputs(engine_env: None) -> dict[str, list[int]]:
-    """Plain decoding (vLLM's scheduler, no speculative_config) for the lossless prompts."""
+def reference_outputs(engine_env: None) -> dict[str, tuple[list[int], list[float]]]:
+    """Plain decoding (vLLM's scheduler, no speculative_config) for the lossless prompts: the ids
+    and the top-2 margin at each position (``lossless_mismatch``)."""
     from vllm import LLM
 
     target, _ = require_models()
     llm = LLM(model=target, dtype="bfloat16", enforce_eager=True, max_model_len=MAX_MODEL_LEN,
               max_num_seqs=8, enable_prefix_caching=False, seed=0)
     texts = prompts()
-    ids = generate_ids(llm, texts, LOSSLESS_MAX_TOKENS)
+    out = generate_margins(llm, texts, LOSSLESS_MAX_TOKENS)
     del llm
     gc.collect()
-    return dict(zip(texts, ids, strict=True))
+    return dict(zip(texts, out, strict=True))
 
 
 @pytest.fixture(scope="module")

@@ -93,6 +93,17 @@ def test_the_acceptance_gate_is_per_source():
     assert late[-500:].count(("draft", 3)) >= 400
 
 
+def test_drafts_verified_after_a_switch_count_for_the_source_that_proposed_them():
+    # a step verifies what the previous step proposed: right after a change of source those are the
+    # other source's drafts, and their acceptance is that source's (here the draft model's steps
+    # verify unmatched n-gram drafts: the n-gram gate closes, the draft's stays open)
+    pol = NightjarPolicy(PlannerConfig(max_gamma=3, ngram_arms=[1, 2, 3], seed=2))
+    for _ in range(20):
+        pol.observe(StepFeedback(batch_size=4, gamma=2, step_time_s=0.01, tokens_emitted=4, num_draft_tokens=8,
+                                 source="draft", drafts_source="ngram"))
+    assert pol.gates["ngram"].closed() and not pol.gates["draft"].closed()
+
+
 def test_an_ngram_step_is_draft_off_for_the_switching_cost():
     # going from n-gram drafts back to the draft is a resume (C_switch is learnt from it), while
     # switching to n-gram drafts is a turn-off of the draft model, counted as such

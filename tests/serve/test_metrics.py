@@ -31,15 +31,17 @@ def test_step_recording_counts_arms_switches_and_acceptance():
     m.observe_step(0, 8)
     # n-gram drafts: counted under their source; the draft model stays off (no switch either way)
     m.observe_step(3, 8, num_draft_tokens=24, num_accepted_tokens=6, source="ngram")
+    # the next step goes back to the draft model but verifies the n-gram step's drafts
+    m.observe_step(3, 8, num_draft_tokens=8, num_accepted_tokens=0, source="draft", drafts_source="ngram")
     m.observe_step(0, 8)
-    assert v("nightjar_steps_total", **d) - s0 == 2
-    assert v("nightjar_switches_total", direction="on") - on0 == 1
-    assert v("nightjar_switches_total", direction="off") - off0 == 1
+    assert v("nightjar_steps_total", **d) - s0 == 3
+    assert v("nightjar_switches_total", direction="on") - on0 == 2
+    assert v("nightjar_switches_total", direction="off") - off0 == 2
     assert v("nightjar_draft_tokens_total", **d) - d0 == 24
     assert v("nightjar_accepted_tokens_total", **d) - a0 == 18
     assert v("nightjar_acceptance_rate", **d) == pytest.approx(18 / 24)
-    assert (v("nightjar_draft_tokens_total", **n) - nd0, v("nightjar_accepted_tokens_total", **n) - na0) == (24, 6)
-    assert v("nightjar_acceptance_rate", **n) == pytest.approx(6 / 24)
+    assert (v("nightjar_draft_tokens_total", **n) - nd0, v("nightjar_accepted_tokens_total", **n) - na0) == (32, 6)
+    assert v("nightjar_acceptance_rate", **n) == pytest.approx(6 / 32)
     assert v("nightjar_gamma_current") == 0
 
 

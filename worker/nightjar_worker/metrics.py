@@ -164,19 +164,22 @@ class WorkerMetrics:
         planner_decision_seconds.observe(seconds)
 
     def observe_step(self, gamma: int, batch: int, num_draft_tokens: int = 0, num_accepted_tokens: int = 0,
-                     source: str = "draft") -> None:
+                     source: str = "draft", drafts_source: str | None = None) -> None:
+        """``source``: of this step's gamma; ``drafts_source``: of the drafts it verified (proposed
+        by the previous step, so another source right after a switch; None: ``source``)."""
         g = str(gamma)
         gamma_chosen.observe(gamma)
         gamma_current.set(gamma)
         steps_total.labels(gamma=g, source=source).inc()
         batch_size.observe(batch)
         if num_draft_tokens > 0:
-            draft_tokens_total.labels(gamma=g, source=source).inc(num_draft_tokens)
-            accepted_tokens_total.labels(gamma=g, source=source).inc(num_accepted_tokens)
-            s = self._acc.setdefault((source, gamma), [0.0, 0.0])
+            src = drafts_source or source
+            draft_tokens_total.labels(gamma=g, source=src).inc(num_draft_tokens)
+            accepted_tokens_total.labels(gamma=g, source=src).inc(num_accepted_tokens)
+            s = self._acc.setdefault((src, gamma), [0.0, 0.0])
             s[0] = s[0] * self._decay + num_accepted_tokens
             s[1] = s[1] * self._decay + num_draft_tokens
-            acceptance_rate.labels(gamma=g, source=source).set(s[0] / s[1])
+            acceptance_rate.labels(gamma=g, source=src).set(s[0] / s[1])
         drafting = gamma > 0 and source == "draft"
         prev = self._last_drafting
         if prev is not None and prev != drafting:

@@ -190,7 +190,7 @@ class EngineControl:
                 draft_prefill = view.draft_prefill_per_token()
         if self.metrics is not None:
             self.metrics.observe_step(rec.gamma, rec.batch_size, rec.num_draft_tokens, rec.num_accepted_tokens,
-                                      rec.source)
+                                      rec.source, rec.verified_source)
             if rec.switch_cost_s > 0:
                 self.metrics.observe_switch_cost(rec.switch_cost_s)
             if conflicts is not None:

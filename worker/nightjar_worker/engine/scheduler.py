@@ -50,7 +50,8 @@ class NightjarScheduler(Scheduler):
         spec = vllm_config.speculative_config
         self.nightjar_enabled = spec is not None and self.num_spec_tokens > 0
         self.nightjar_step = 0
-        self._inflight: tuple[Any, float, int, int, float, int] | None = None
+        self._inflight: tuple[Any, float, int, int, float, int, str, str] | None = None
+        self._proposal_source = "draft"  # of the last step's proposals (verified by the next step)
         self.nightjar_control: Any = None
         # Per-request draft/accept counts, filled only while ``record_per_request`` is set (profiler):
         # req_id -> [prompt token ids, drafted, accepted].
@@ -110,7 +111,11 @@ class NightjarScheduler(Scheduler):
         out = super().schedule(*args, **kwargs)
         out.num_spec_tokens_to_schedule = gamma
         out.nightjar_source = source  # read by the model runner's proposal hook (runner_hooks.py)
-        self._inflight = (out, t0, gamma, batch, decide_s, prompt, source)
+        # This step verifies what the previous one proposed and proposes for the next one.
+        verified = self._proposal_source
+        if out.total_num_scheduled_tokens > 0:
+            self._proposal_source = source
+        self._inflight = (out, t0, gamma, batch, decide_s, prompt, source, verified)
         return out
 
     def _prefix_hit(self, request: Any) -> int:
@@ -132,7 +137,7 @@ class NightjarScheduler(Scheduler):
     def _feedback(self, inflight: tuple, t1: float, so: Any, mro: Any) -> None:
         from nightjar_worker.planner.policy import StepFeedback
 
-        _, t0, gamma, batch, decide_s, prompt, source = inflight
+        _, t0, gamma, batch, decide_s, prompt, source, verified = inflight
         tokens = drafts = accepted = prefill = 0
         sampled = mro.sampled_token_ids or []
         index = mro.req_id_to_index or {}
@@ -175,6 +180,7 @@ class NightjarScheduler(Scheduler):
             decide_s=decide_s,
             time=time.time(),
             source=source if gamma > 0 else "draft",
+            drafts_source=verified if drafts else None,
         )
         self.nightjar_step += 1
         self.nightjar_control.observe(rec)

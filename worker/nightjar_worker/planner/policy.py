@@ -57,8 +57,16 @@ class StepFeedback:
     decide_prompt_tokens: int = 0  # the estimate of prefill_tokens the policy decided with
     decide_s: float = 0.0  # policy.decide wall time
     time: float = 0.0  # unix time at the end of the step
-    # where this step's gamma drafts came from (``SOURCES``); gamma 0 steps say "draft"
+    # where this step's gamma drafts come from (``SOURCES``); gamma 0 steps say "draft"
     source: str = "draft"
+    # where the drafts verified in this step came from: the previous step proposed them, so at a
+    # change of source they are the other source's (None: ``source``, as in the simulator)
+    drafts_source: str | None = None
+
+    @property
+    def verified_source(self) -> str:
+        """The source whose drafts ``num_draft_tokens`` / ``num_accepted_tokens`` count."""
+        return self.drafts_source or self.source
 
     @property
     def loss(self) -> float:

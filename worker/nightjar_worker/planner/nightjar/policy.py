@@ -219,7 +219,7 @@ class NightjarPolicy:
         self.switch.observe(fb, c, excess)
         if self.switch.ema is not None:
             self.stats.switch_cost_s_ema = self.switch.ema
-        self.gates[src].observe(fb.num_draft_tokens, fb.num_accepted_tokens)
+        self.gates[fb.verified_source].observe(fb.num_draft_tokens, fb.num_accepted_tokens)
         self.prefill.observe_workload(fb.prefill_tokens, fb.tokens_emitted)
         i = self.armset.of(src, fb.gamma)
         if i is None or fill:
