@@ -51,6 +51,7 @@ from typing import Any
 
 from nightjar_worker import loadgen
 from nightjar_worker.engine.step_stats import read_jsonl
+from nightjar_worker.models import PAIR_KV_POOL_GIB, PAIR_RELOAD_SLICE_S
 from nightjar_worker.serve import ServerProcess
 from nightjar_worker.sim.profile import CostProfile
 
@@ -73,14 +74,6 @@ set_cpu_env()
 STATICS = ["nosd", "static-1", "static-2", "static-3", "static-4"]
 SERVER_A = [*STATICS, "vllm-table", "ucb", "nightjar-no-offload"]
 SERVER_B = ["dsd", "oracle", "nightjar", "nosd-nodraft"]
-# Server B's KV pool with elastic memory is sized for the offloaded draft: the default 2 GiB plus the
-# draft's bytes. The Qwen 0.5B draft takes 3.6 GB as loaded in fp32, more than 2 GiB, which left no
-# base pool (docs/memory.md); the bundled draft is small enough for the default.
-KV_POOL_GIB_WITH_MEMORY = {"qwen": 6}
-# The CPU reload re-packs the draft's GEMM weights between engine steps, at most reload_slice_s of work
-# per step (default 0.02 s). The Qwen draft is 3.6 GB (~5 s of work): at 20 ms a step, 250 steps of
-# ~0.5 s at batch 1, longer than a low phase. 0.1 s is ~20 % of a batch-1 step for ~50 steps.
-RELOAD_SLICE_S = {"qwen": 0.1}
 ADAPTIVE = ("vllm-table", "ucb", "nightjar-no-offload", "dsd", "oracle", "nightjar")
 DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading", "draining")
 
@@ -386,13 +379,13 @@ class Bench:
             cfg["control_file"] = str(control)
         if self.args.kv_base_blocks:
             cfg["base_blocks"] = self.args.kv_base_blocks
-        if self.args.pair in RELOAD_SLICE_S:
-            cfg["reload_slice_s"] = RELOAD_SLICE_S[self.args.pair]
+        if self.args.pair in PAIR_RELOAD_SLICE_S:  # server B's pool is sized for the offloaded draft
+            cfg["reload_slice_s"] = PAIR_RELOAD_SLICE_S[self.args.pair]
         env = {"NIGHTJAR_MEMORY": json.dumps(cfg)}
         self.meta["memory_config"] = cfg
-        if self.args.pair in KV_POOL_GIB_WITH_MEMORY:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(KV_POOL_GIB_WITH_MEMORY[self.args.pair])
-            self.meta["kv_pool_gib"] = KV_POOL_GIB_WITH_MEMORY[self.args.pair]
+        if self.args.pair in PAIR_KV_POOL_GIB:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(PAIR_KV_POOL_GIB[self.args.pair])
+            self.meta["kv_pool_gib"] = PAIR_KV_POOL_GIB[self.args.pair]
         return env
 
     def reload(self) -> None:

@@ -47,6 +47,15 @@ PAIRS = ("bundled", "qwen")
 PAIR_DTYPES = {"bundled": "bfloat16", "qwen": "float32"}
 
 
+# Elastic memory per pair, where the defaults do not fit: a KV pool sized for the offloaded draft
+# (the default 2 GiB plus the draft's bytes; the Qwen 0.5B draft takes 3.6 GB as loaded in fp32,
+# which would leave no base pool: docs/memory.md), and the CPU reload's work per engine step (the
+# Qwen draft is ~5 s of weight re-packing: at the default 0.02 s a step, 250 steps of ~0.5 s at
+# batch 1; 0.1 s is ~20 % of a batch-1 step for ~50 steps).
+PAIR_KV_POOL_GIB = {"qwen": 6}
+PAIR_RELOAD_SLICE_S = {"qwen": 0.1}
+
+
 def pair_dirs(pair: str) -> tuple[Path, Path]:
     """(target, draft) directories of ``bundled`` (make models) or ``qwen`` (make models-qwen)."""
     if pair not in PAIRS:
