@@ -27,6 +27,12 @@ class OffloadPolicyConfig(BaseModel):
     )
     min_resident_s: float = Field(2.0, ge=0.0, description="minimum dwell in RESIDENT before offloading")
     min_offloaded_s: float = Field(2.0, ge=0.0, description="minimum dwell in OFFLOADED before draining")
+    recheck_after_s: float | None = Field(
+        30.0, gt=0.0,
+        description="offloaded this long and the KV cache calm (nothing waiting, blocks in use within "
+        "kv_usage_low of the base pool): the draft returns although the planner does not ask for it, since "
+        "its arms' estimates predate the load and the blocks it takes back are idle; null: only on demand",
+    )
     amortize_steps: int = Field(
         200, ge=1, description="steps over which the reload + C_switch cost must be recovered"
     )

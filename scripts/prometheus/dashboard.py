@@ -321,12 +321,16 @@ def overview() -> dict[str, Any]:
     L.add(state)
     L.add(timeseries(
         "Draft transitions / s",
-        "Draft state transitions (nightjar_draft_transitions_total) by from -> to; of the reloads that "
+        "Draft state transitions (nightjar_draft_transitions_total) by from -> to; the returns started by "
+        "trigger (nightjar_draft_returns_total: the planner's demand, a recheck of a draft offloaded with "
+        "the KV cache calm, or pinned resident); of the reloads that "
         "went back to offloaded, those that failed (nightjar_draft_reload_failures_total, retried after a "
         "back-off) and those cancelled because KV pressure returned (nightjar_draft_reload_cancels_total).",
         [target(f"sum by (from, to) (rate(nightjar_draft_transitions_total{{{S}}}[{RI}]))", "{{from}} -> {{to}}"),
          target(f"sum(rate(nightjar_draft_reload_failures_total{{{S}}}[{RI}]))", "reload failed", ref="B"),
-         target(f"sum(rate(nightjar_draft_reload_cancels_total{{{S}}}[{RI}]))", "reload cancelled", ref="C")],
+         target(f"sum(rate(nightjar_draft_reload_cancels_total{{{S}}}[{RI}]))", "reload cancelled", ref="C"),
+         target(f"sum by (trigger) (rate(nightjar_draft_returns_total{{{S}}}[{RI}]))", "return ({{trigger}})",
+                ref="D")],
         unit="short"))
     L.add(timeseries(
         "Offload / reload time p95",

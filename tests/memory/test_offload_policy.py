@@ -13,7 +13,9 @@ def view(gamma=0, waiting=0, used=10, allowed=100, base=100, gain=None, reload=0
     )
 
 
-CFG = OffloadPolicyConfig(offload_after_steps=3, reload_after_steps=4, min_resident_s=0, min_offloaded_s=0)
+# recheck_after_s off: these tests are about the planner's demand
+CFG = OffloadPolicyConfig(offload_after_steps=3, reload_after_steps=4, min_resident_s=0, min_offloaded_s=0,
+                          recheck_after_s=None)
 
 
 def run(policy, v, state, n, t=100.0, **kw):
@@ -63,6 +65,28 @@ def test_reload_when_calm_and_speculation_pays():
     # the planner still wants gamma 0: stay offloaded.
     p = OffloadPolicy(CFG)
     assert set(run(p, view(gamma=0, used=5, allowed=130), s, 20)) == {Action.NONE}
+
+
+def test_recheck_brings_the_draft_back_when_calm_without_demand():
+    """The planner wants no draft (gamma 0 or another source) but the draft has been away
+    ``recheck_after_s`` with the KV cache calm: it returns, once, as a recheck."""
+    cfg = CFG.model_copy(update={"recheck_after_s": 30.0})
+    s = DraftState.OFFLOADED
+    calm = view(gamma=0, used=50, allowed=130, base=100)
+    p = OffloadPolicy(cfg)
+    assert set(run(p, calm, s, 20, t=10.0)) == {Action.NONE}  # too soon
+    assert run(p, calm, s, 1, t=31.0) == [Action.DRAIN] and p.trigger == "recheck"
+    # calm steps are counted afresh after the dwell; pressure or a full base pool breaks them
+    p = OffloadPolicy(cfg)
+    assert set(run(p, view(gamma=0, used=90, allowed=130, base=100), s, 20, t=60.0)) == {Action.NONE}
+    assert set(run(p, view(gamma=0, waiting=1, used=10, allowed=130, base=100), s, 20, t=60.0)) == {Action.NONE}
+    assert run(p, calm, s, 4, t=60.0) == [Action.NONE] * 3 + [Action.DRAIN]
+    # the planner's own demand comes first and says so; None turns rechecks off
+    p = OffloadPolicy(cfg)
+    assert run(p, view(gamma=3, used=50, allowed=130, base=100), s, 4, t=60.0)[-1] is Action.DRAIN
+    assert p.trigger == "demand"
+    p = OffloadPolicy(cfg.model_copy(update={"recheck_after_s": None}))
+    assert set(run(p, calm, s, 50, t=1e6)) == {Action.NONE}
 
 
 def test_reload_cost_and_switch_cost_are_charged():

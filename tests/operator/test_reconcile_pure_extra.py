@@ -22,6 +22,10 @@ def test_memory_env_is_a_valid_worker_memory_config():
     cfg = ElasticMemoryConfig.model_validate(json.loads(_memory_env(_spec(offload={"policy": "Auto", "kvUsageHigh": 0.8}))))
     assert cfg.enabled and cfg.policy.kv_usage_high == 0.8
     assert not ElasticMemoryConfig.model_validate(json.loads(_memory_env(_spec(offload={"policy": "Never"})))).enabled
+    assert cfg.policy.recheck_after_s == 30.0  # the worker's default
+    for given, worker in ((90, 90.0), (0, None)):  # 0: only when the planner asks
+        env = json.loads(_memory_env(_spec(offload={"recheckAfterSeconds": given})))
+        assert ElasticMemoryConfig.model_validate(env).policy.recheck_after_s == worker
 
 
 def test_ngram_arms_reach_the_worker_config_and_need_the_nightjar_policy():

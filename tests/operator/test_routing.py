@@ -129,6 +129,11 @@ def test_route_to_services_per_revision(raw_spec):
     assert rule["backendRefs"] == [{"name": "chat-stable", "weight": 75, "kind": "Service", "port": c.HTTP_PORT},
                                    {"name": "chat-candidate", "weight": 25, "kind": "Service", "port": c.HTTP_PORT}]
     assert upstream_schema_errors([route]) == ["ok"]
+    # The chart's RBAC forbids HTTPRoutes: the reconcile reports it and splits replicas, and the
+    # rollout (which reads that condition) sizes the candidate the same way.
+    forbidden = [{"type": c.COND_ROUTING, "status": "False", "reason": "Forbidden"}]
+    assert not weighted(s, every, forbidden)
+    assert weighted(s, every, [{**forbidden[0], "status": "True", "reason": "Routed"}])
 
 
 @pytest.mark.parametrize(("routing", "served", "field"), [

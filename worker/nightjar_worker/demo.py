@@ -9,14 +9,16 @@ and prompt-lookup (n-gram) arms, with elastic draft memory on, and runs four seg
 3. ``load``       a spike of mixed Spec-Bench prompts, more than the worker's batch holds: requests
                   wait, the planner backs off (the draft model stops, gamma falls to what still pays),
                   the draft's weights leave and their bytes become KV-cache blocks;
-4. ``nightjar again`` the first prompts once more; the draft's weights come back if the planner
-                  wants the draft at this load (a draft that pays), else its bytes stay KV blocks.
+4. ``nightjar again`` the first prompts once more. The draft's weights are back once the load has
+                  fallen: because the planner asked for the draft, or as a recheck (offloaded for
+                  ``recheck_after_s``, 30 s, with the KV cache calm: the planner's view of a draft
+                  it could not run is stale).
 
 Once a second it reads ``/metrics``: the gamma chosen per draft source, the running requests, output
 tok/s, the draft's memory state and the KV blocks the target may use. Ends with a table per segment
-(tok/s against the gamma-0 reference) and a PNG under ``benchmarks/results/demo/``. About 2.5 minutes
-on 2 cores with the bundled pair once installed (``--pair qwen``: the Qwen2.5-Coder pair, slower,
-whose draft pays).
+(tok/s against the gamma-0 reference) and a PNG under ``benchmarks/results/demo/``. About 3.5 minutes
+on 2 cores with the bundled pair once installed (``--pair qwen``: the Qwen2.5-Coder pair, whose draft
+pays: fewer, shorter requests, about 25 minutes).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ DEFAULT_OUT = Path("benchmarks/results/demo")
 K = 4
 REPEATING = ("summarization", "extraction", "coding")  # answers that quote their prompt
 STATES = ("resident", "offloading", "offloaded", "reloading", "draining")  # nightjar_draft_state values
+TRIGGERS = ("demand", "recheck")  # nightjar_draft_returns_total: why the draft came back
+# Per pair: requests per low-load segment, max tokens, spike scale (the Qwen target decodes at ~2 tok/s)
+PAIR_DEFAULTS = {"bundled": (6, 128, 1.0), "qwen": (3, 64, 0.5)}
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Tick:
     tok_s: float
     draft_state: int | None
     kv_blocks: float | None
+    returns: dict[str, float]  # trigger -> draft returns started so far
 
 
 @dataclass
@@ -121,6 +127,7 @@ async def monitor(url: str, segs: list[Segment], t0: float, stop: asyncio.Event,
                            - loadgen.metric_sum(prev, "vllm:generation_tokens_total")) / max(now - prev_t, 1e-6),
                     draft_state=None if state is None else int(state),
                     kv_blocks=loadgen.metric_or_none(cur, "nightjar_kv_blocks_total"),
+                    returns={tr: loadgen.metric_sum(cur, "nightjar_draft_returns_total", trigger=tr) for tr in TRIGGERS},
                 )
                 ticks.append(tick)
                 g = " ".join(f"{s}={_f(tick.gamma[s])}" for s in ("draft", "ngram"))
@@ -181,8 +188,10 @@ async def drive(url: str, model: str, token: str, segs: list[Segment], max_token
 
 def summary_table(segs: list[Segment], ticks: list[Tick]) -> str:
     rows = ["| segment | requests | output tok/s | vs gamma 0 | TPOT p50 ms | steps with draft / n-gram "
-            "| acceptance draft / n-gram | draft at end | KV blocks at end |", "|---|---|---|---|---|---|---|---|---|"]
+            "| acceptance draft / n-gram | draft returns demand / recheck | draft at end | KV blocks at end |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     ref = None
+    before = dict.fromkeys(TRIGGERS, 0.0)
     for s in segs:
         recs = [r for r in s.records if not r.dropped]
         toks = sum(r.output_tokens for r in recs)
@@ -197,7 +206,9 @@ def summary_table(segs: list[Segment], ticks: list[Tick]) -> str:
             f"| {s.name} | {len(recs)} | {tput:.1f} | {_f(tput / ref if ref and s.requests else None)} | "
             f"{_ms(loadgen.summarize(recs).tpot_p50_s)} | {share['draft']:.0%} / {share['ngram']:.0%} | "
             f"{_f(acc['draft'])} / {_f(acc['ngram'])} | "
-            f"{_state(last.draft_state if last else None)} | {_f(last.kv_blocks if last else None, 0)} |")
+            + " / ".join(f"{(last.returns[tr] if last else before[tr]) - before[tr]:.0f}" for tr in TRIGGERS)
+            + f" | {_state(last.draft_state if last else None)} | {_f(last.kv_blocks if last else None, 0)} |")
+        before = last.returns if last else before
     return "\n".join(rows) + "\n"
 
 
@@ -235,6 +246,12 @@ def plot(ticks: list[Tick], segs: list[Segment], path: Path, title: str) -> None
     ax2.step(t, [k.draft_state if k.draft_state is not None else nan for k in ticks], where="post", color="grey")
     ax2.set_yticks(range(len(STATES)), STATES, fontsize=7)
     ax2.set_ylabel("draft weights")
+    for prev, k in zip(ticks, ticks[1:]):
+        for tr in TRIGGERS:
+            if k.returns[tr] > prev.returns[tr]:  # a return started: say why
+                axes[3].axvline(k.t, color="tab:green", linestyle=":")
+                axes[3].text(k.t, 0.5, f" draft returns ({tr})", transform=axes[3].get_xaxis_transform(),
+                             fontsize=8, color="tab:green")
     axes[3].set_xlabel("time (s)")
     for i, s in enumerate(segs):
         for ax in axes:
@@ -251,15 +268,18 @@ def plot(ticks: list[Tick], segs: list[Segment], path: Path, title: str) -> None
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="nightjar-worker demo", description=__doc__.split("\n")[0])
     ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR") or "bundled")
-    ap.add_argument("--scale", type=float, default=float(os.environ.get("DEMO_SCALE", "1.0")),
-                    help="multiply the load spike's duration (default 1: 60 s)")
-    ap.add_argument("--requests", type=int, default=6, help="requests of each low-load segment")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--scale", type=float, default=float(os.environ["DEMO_SCALE"]) if "DEMO_SCALE" in os.environ
+                    else None, help="multiply the load spike's duration (60 s; default 1, qwen 0.5)")
+    ap.add_argument("--requests", type=int, help="requests of each low-load segment (default 6, qwen 3)")
+    ap.add_argument("--max-tokens", type=int, help="default 128, qwen 64")
     ap.add_argument("--max-num-seqs", type=int, default=16, help="the worker's batch limit: the spike exceeds it")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--no-live", action="store_true", help="one line per second instead of an updating line")
     ap.add_argument("serve_args", nargs="*", help="extra arguments for `nightjar-worker serve` (after --)")
     args = ap.parse_args(argv)
+    for name, default in zip(("requests", "max_tokens", "scale"), PAIR_DEFAULTS[args.pair], strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     args.out.mkdir(parents=True, exist_ok=True)
     live = sys.stdout.isatty() and not args.no_live
     segs = segments(args.scale, args.requests)

@@ -128,6 +128,11 @@ draft_transitions_total = Counter(
 )
 draft_offload_seconds = Histogram("nightjar_draft_offload_seconds", "Time to offload the draft", buckets=MOVE_BUCKETS)
 draft_reload_seconds = Histogram("nightjar_draft_reload_seconds", "Time to reload the draft", buckets=MOVE_BUCKETS)
+draft_returns_total = Counter(
+    "nightjar_draft_returns_total", "Draft returns started (offloaded -> draining) by trigger: demand (the planner "
+    "wants the draft), recheck (offloaded for recheck_after_s with the KV cache calm), pinned (mode resident)",
+    ["trigger"],
+)
 draft_reload_failures_total = Counter("nightjar_draft_reload_failures_total", "Failed draft reloads")
 draft_reload_cancels_total = Counter(
     "nightjar_draft_reload_cancels_total", "Draft reloads cancelled because KV pressure returned (not failures)"
@@ -253,6 +258,9 @@ class WorkerMetrics:
             draft_reload_seconds.observe(seconds)
         if not ok:
             draft_reload_failures_total.inc()
+
+    def observe_return(self, trigger: str) -> None:
+        draft_returns_total.labels(trigger).inc()
 
     def observe_reload_cancel(self) -> None:
         draft_reload_cancels_total.inc()

@@ -139,6 +139,9 @@ class OffloadSpec(_Model):
     """KV-cache usage share counted as memory pressure (worker default 0.90)."""
     kv_usage_low: float | None = Field(None, ge=0, le=1)
     """Reload the draft only when used blocks fit in this share of the base pool (worker default 0.70)."""
+    recheck_after_seconds: float | None = Field(None, ge=0)
+    """Bring an offloaded draft back after this long with the KV cache calm although the planner does
+    not ask for it (its estimates predate the load); 0: only when the planner asks (worker default 30)."""
 
 
 class SecretKeyRef(_Model):

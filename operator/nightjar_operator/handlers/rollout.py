@@ -236,7 +236,7 @@ def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: 
     gate = Gate(objective=objective, min_requests=5.0)
     steps = spec.rollout.steps if spec.rollout.strategy == "Canary" else None
     p = plan(state, desired, spec.replicas, steps, float(spec.rollout.analysis_window_seconds), now, analysis, gate,
-             weighted=weighted(spec, api.served))
+             weighted=weighted(spec, api.served, status.get("conditions")))
     new_key = _window_key(p.state)
     if new_key is not None and new_key != fm.rollout_key:
         fm.rollout_key = new_key

@@ -185,6 +185,8 @@ def _memory_env(spec: NightjarDeploymentSpec) -> str:
         policy["kv_usage_high"] = off.kv_usage_high
     if off.kv_usage_low is not None:
         policy["kv_usage_low"] = off.kv_usage_low
+    if off.recheck_after_seconds is not None:
+        policy["recheck_after_s"] = off.recheck_after_seconds or None
     doc = {"enabled": off.policy == "Auto", "policy": policy}
     ElasticMemoryConfig.model_validate(doc)  # the worker's model: a bad threshold fails here, named
     return json.dumps(doc, sort_keys=True)

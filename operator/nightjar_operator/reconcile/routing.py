@@ -30,7 +30,7 @@ from nightjar_operator.reconcile.children import (
     pod_selector,
     service_selector,
 )
-from nightjar_operator.reconcile.status import Condition
+from nightjar_operator.reconcile.status import Condition, get_condition
 
 GATEWAY_VERSION = "gateway.networking.k8s.io/v1"
 POOL_GROUP = "inference.networking.k8s.io"
@@ -52,10 +52,15 @@ def possible_children(name: str) -> list[tuple[str, str]]:
             + [("Service", track_service_name(name, t)) for t in tracks] + [("HTTPRoute", name)])  # fmt: skip
 
 
-def weighted(spec: NightjarDeploymentSpec, served: Callable[[str], bool]) -> bool:
-    """Whether a rollout's share goes through HTTPRoute weights (else through replicas)."""
+def weighted(spec: NightjarDeploymentSpec, served: Callable[[str], bool],
+             conditions: list[dict[str, Any]] | None = None) -> bool:
+    """Whether a rollout's share goes through HTTPRoute weights (else through replicas).
+    ``conditions``: the status's; a Routing condition ``Forbidden`` (the chart's RBAC leaves the
+    route to the user) means the replica split, as the reconcile that wrote it falls back to."""
     r = spec.routing
     if r.http_route is None or not served(GATEWAY_VERSION):
+        return False
+    if (cond := get_condition(conditions, c.COND_ROUTING)) is not None and cond.get("reason") == "Forbidden":
         return False
     if r.inference_pool is None:
         return True

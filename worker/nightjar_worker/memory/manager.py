@@ -296,8 +296,14 @@ class ElasticMemoryManager:
                 sm.to(DraftState.RESIDENT, f"offload failed: {err}")
         elif action is Action.DRAIN:
             pool.set_limit(pool.base)
-            sm.to(DraftState.DRAINING, "pinned resident" if mode == "resident" else
-                  f"planner wants gamma {planner_gamma}, KV usage of base {view.base_usage:.2f}")
+            trigger = "pinned" if mode == "resident" else self.policy.trigger
+            if self.metrics is not None:
+                self.metrics.observe_return(trigger)
+            sm.to(DraftState.DRAINING, {
+                "pinned": "pinned resident",
+                "demand": f"planner wants gamma {planner_gamma}, KV usage of base {view.base_usage:.2f}",
+                "recheck": f"recheck: the KV cache calm (usage of base {view.base_usage:.2f}) after "
+                           f"{sm.time_in_state():.0f}s offloaded"}[trigger])
         elif action is Action.CANCEL_DRAIN:
             pool.set_limit(pool.base + pool.extra)
             sm.to(DraftState.OFFLOADED, "pressure returned while draining")

@@ -10,6 +10,11 @@ returned ``Action`` is carried out by ``ElasticMemoryManager``.
 * Start draining back when, for ``reload_after_steps`` consecutive steps, the planner wants
   gamma > 0, nothing waits, the blocks in use fit in ``kv_usage_low`` of the base pool, and the
   expected saving over ``amortize_steps`` steps exceeds the reload time plus C_switch.
+* Or, a recheck: offloaded for ``recheck_after_s`` and the KV cache calm as above for
+  ``reload_after_steps`` steps, whatever the planner wants. While the draft is away the planner
+  learns nothing new about it, so its wish rests on estimates from before the load (another arm,
+  such as prompt lookup, may look better on content that has since changed); the blocks the draft
+  takes back are idle at that point, so its return costs only the move.
 * Hysteresis: two thresholds (``kv_usage_low`` < ``kv_usage_high``), consecutive-step counters,
   and a minimum dwell time in RESIDENT / OFFLOADED so the draft does not ping-pong.
 * A drain is cancelled (back to OFFLOADED) as soon as pressure returns.
@@ -64,6 +69,8 @@ class OffloadPolicy:
         self._pressure_zero_steps = 0
         self._calm_spec_steps = 0
         self._pressure_steps = 0
+        self._calm_steps = 0
+        self.trigger = ""  # why the last DRAIN: "demand" (the planner wants the draft) or "recheck"
 
     def pressure(self, view: MemoryView) -> bool:
         c = self.config
@@ -88,13 +95,10 @@ class OffloadPolicy:
         pressure = self.pressure(view)
         self._pressure_steps = self._pressure_steps + 1 if pressure else 0
         self._pressure_zero_steps = self._pressure_zero_steps + 1 if pressure and view.planner_gamma == 0 else 0
-        calm = (
-            not pressure
-            and view.num_waiting == 0
-            and view.base_usage <= c.kv_usage_low
-            and self.reload_pays(view)
-        )
-        self._calm_spec_steps = self._calm_spec_steps + 1 if calm else 0
+        calm = not pressure and view.num_waiting == 0 and view.base_usage <= c.kv_usage_low
+        self._calm_steps = self._calm_steps + 1 if calm else 0
+        wanted = calm and self.reload_pays(view)
+        self._calm_spec_steps = self._calm_spec_steps + 1 if wanted else 0
         if not c.enabled:
             return Action.NONE
 
@@ -103,12 +107,12 @@ class OffloadPolicy:
                 self._reset()
                 return Action.OFFLOAD
         elif state is DraftState.OFFLOADED:
-            if (
-                self._calm_spec_steps >= c.reload_after_steps
-                and time_in_state_s >= c.min_offloaded_s
-                and retry_allowed
-            ):
+            demand = self._calm_spec_steps >= c.reload_after_steps
+            recheck = (c.recheck_after_s is not None and time_in_state_s >= c.recheck_after_s
+                       and self._calm_steps >= c.reload_after_steps)
+            if (demand or recheck) and time_in_state_s >= c.min_offloaded_s and retry_allowed:
                 self._reset()
+                self.trigger = "demand" if demand else "recheck"
                 return Action.DRAIN
         elif state in (DraftState.DRAINING, DraftState.RELOADING):
             # Pressure during a drain or a reload means the extra blocks are needed again. A stepped CPU
@@ -120,4 +124,4 @@ class OffloadPolicy:
         return Action.NONE
 
     def _reset(self) -> None:
-        self._pressure_zero_steps = self._calm_spec_steps = self._pressure_steps = 0
+        self._pressure_zero_steps = self._calm_spec_steps = self._pressure_steps = self._calm_steps = 0
