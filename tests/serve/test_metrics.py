@@ -85,6 +85,18 @@ def test_draft_state_enum_and_transitions():
         m.draft_state_changed("offloading", "vanished")
 
 
+def test_draft_returns_by_trigger_exist_from_the_start():
+    from prometheus_client import REGISTRY
+
+    m = WorkerMetrics()
+    m.draft_state_changed(None, "resident")
+    for tr in ("demand", "recheck", "pinned"):  # rate() of the dashboard reads 0, not "no data"
+        assert REGISTRY.get_sample_value("nightjar_draft_returns_total", {"trigger": tr}) is not None
+    r0 = v("nightjar_draft_returns_total", trigger="recheck")
+    m.observe_return("recheck")
+    assert v("nightjar_draft_returns_total", trigger="recheck") == r0 + 1
+
+
 def test_metrics_recorded_in_another_process_are_served_here(tmp_path):
     """The mechanism /metrics relies on: PROMETHEUS_MULTIPROC_DIR shared by EngineCore and API server."""
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))

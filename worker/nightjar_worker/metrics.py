@@ -128,6 +128,7 @@ draft_transitions_total = Counter(
 )
 draft_offload_seconds = Histogram("nightjar_draft_offload_seconds", "Time to offload the draft", buckets=MOVE_BUCKETS)
 draft_reload_seconds = Histogram("nightjar_draft_reload_seconds", "Time to reload the draft", buckets=MOVE_BUCKETS)
+RETURN_TRIGGERS = ("demand", "recheck", "pinned")
 draft_returns_total = Counter(
     "nightjar_draft_returns_total", "Draft returns started (offloaded -> draining) by trigger: demand (the planner "
     "wants the draft), recheck (offloaded for recheck_after_s with the KV cache calm), pinned (mode resident)",
@@ -247,6 +248,8 @@ class WorkerMetrics:
             for src, dsts in ALLOWED_TRANSITIONS.items():
                 for dst in dsts:
                     draft_transitions_total.labels(**{"from": src.label, "to": dst.label})
+            for tr in RETURN_TRIGGERS:
+                draft_returns_total.labels(tr)
         elif old != new:
             draft_transitions_total.labels(**{"from": old, "to": new}).inc()
 
