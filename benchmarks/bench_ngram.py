@@ -9,10 +9,13 @@ endpoint between runs (bench-serve's switch mode), every policy on the same prom
 * ``nightjar-draft``  Nightjar over gamma 0 and the draft model's arms;
 * ``nightjar-both``   Nightjar over gamma 0, the draft's arms and the n-gram arms.
 
-Prompts: Spec-Bench categories in two groups, ``repeats`` (answers quote their prompt:
-summarization, extraction, coding) and ``fresh`` (writing, roleplay, qa); how much each group
-repeats is measured in the run (the n-gram drafts' acceptance under ``ngram-k``). Loads: closed
-loop at concurrency 1 and 8 (QUICK: 1 and 4), each preceded by one unmeasured wave. Settings:
+Prompts: Spec-Bench categories split by how much their answers repeat their prompt, measured in the
+run: a calibration pass plays static n-gram gamma 3 on ``CALIBRATE`` prompts of every category at
+concurrency 1 and reads the n-gram drafts' acceptance per category; the ``GROUP_SIZE`` categories
+with the highest acceptance form ``repeats``, those with the lowest ``fresh`` (the same groups for
+both settings). Loads: closed
+loop at concurrency 1 and 8 (QUICK: 1 and 4), max(6, 3c) requests (QUICK: 3c) after an unmeasured
+wave of c requests in which the policy adapts to the load. Settings:
 ``resident`` (the draft's weights in memory) and ``tight`` (elastic memory pinned offloaded: the
 draft cannot run, its bytes are KV cache; draft arms fall back to gamma 0, n-gram arms still run).
 Lossless: a fixed prompt set at c=1 gives identical text under every policy (greedy).
@@ -41,7 +44,8 @@ from benchmarks.common import is_quick, print_result, print_table, results_dir, 
 from benchmarks.serving import ADMIN_TOKEN, PAIRS, openai_client, pair_args, set_cpu_env
 
 K = 4
-GROUPS = {"repeats": ("summarization", "extraction", "coding"), "fresh": ("writing", "roleplay", "qa")}
+CALIBRATE = 2  # prompts per category in the calibration pass
+GROUP_SIZE = 3  # categories per group
 
 
 def policy_bodies(quick: bool) -> dict[str, dict]:
@@ -75,7 +79,7 @@ async def measure(srv: ServerProcess, prompts: list, c: int, n: int, max_tokens:
     client = openai_client(srv.url)
     model = srv.model_name()
     async with httpx.AsyncClient(timeout=30) as http:
-        await loadgen.run_closed_loop(client, model, prompts[n:], c, n, max_tokens=max_tokens)  # unmeasured wave
+        await loadgen.run_closed_loop(client, model, prompts[n:], c, c, max_tokens=max_tokens)  # unmeasured wave
         before = await loadgen.scrape(http, srv.url)
         recs = await loadgen.run_closed_loop(client, model, prompts[:n], c, n, max_tokens=max_tokens)
         after = await loadgen.scrape(http, srv.url)
@@ -89,6 +93,40 @@ async def measure(srv: ServerProcess, prompts: list, c: int, n: int, max_tokens:
     return s
 
 
+def groups_by_repetition(acceptance: dict[str, float | None], size: int = GROUP_SIZE) -> dict[str, tuple[str, ...]]:
+    """``repeats``: the ``size`` categories whose n-gram drafts were accepted most; ``fresh``: least
+    (a category that drafted nothing repeats nothing). Ties go by name, so the split is reproducible."""
+    ranked = sorted(acceptance, key=lambda cat: (-(acceptance[cat] or 0.0), cat))
+    if len(ranked) < 2 * size:
+        raise ValueError(f"need {2 * size} categories to split, got {len(ranked)}")
+    return {"repeats": tuple(ranked[:size]), "fresh": tuple(ranked[-size:])}
+
+
+def _calibration_prompts(pool: list) -> dict[str, list]:
+    by_cat: dict[str, list] = {}
+    for p in pool:
+        if len(by_cat.setdefault(p.category, [])) < CALIBRATE:
+            by_cat[p.category].append(p)
+    return dict(sorted(by_cat.items()))
+
+
+async def calibrate(srv: ServerProcess, pool: list, max_tokens: int) -> dict[str, float | None]:
+    """n-gram acceptance per category (static n-gram gamma 3, ``CALIBRATE`` prompts each, c=1)."""
+    import httpx
+
+    switch(srv.url, {"planner": {"max_gamma": K, "policy": "static", "static_gamma": 3, "static_source": "ngram"}})
+    client, model, out = openai_client(srv.url), srv.model_name(), {}
+    async with httpx.AsyncClient(timeout=30) as http:
+        for cat, ps in _calibration_prompts(pool).items():
+            before = await loadgen.scrape(http, srv.url)
+            await loadgen.run_closed_loop(client, model, ps, 1, len(ps), max_tokens=max_tokens)
+            after = await loadgen.scrape(http, srv.url)
+            drafted = _delta(before, after, "nightjar_draft_tokens_total", source="ngram")
+            out[cat] = _delta(before, after, "nightjar_accepted_tokens_total", source="ngram") / drafted if drafted else None
+    await client.close()
+    return out
+
+
 async def texts(srv: ServerProcess, prompts: list, max_tokens: int) -> list[str]:
     client = openai_client(srv.url)
     recs = await loadgen.run_closed_loop(client, srv.model_name(), prompts, 1, len(prompts), max_tokens=max_tokens)
@@ -96,7 +134,9 @@ async def texts(srv: ServerProcess, prompts: list, max_tokens: int) -> list[str]
     return [r.text if r.error is None else f"<error {r.error}>" for r in recs]
 
 
-def run_setting(setting: str, pair: str, out: Path, quick: bool, max_tokens: int) -> dict[str, Any]:
+def run_setting(setting: str, pair: str, out: Path, quick: bool, max_tokens: int,
+                groups: dict[str, tuple[str, ...]] | None) -> dict[str, Any]:
+    """Every policy on one server; ``groups`` None: calibrate them first (``res["groups"]``)."""
     env = {"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN}
     if setting == "tight":
         env["NIGHTJAR_MEMORY"] = json.dumps({"enabled": True, "mode": "offloaded"})
@@ -108,7 +148,17 @@ def run_setting(setting: str, pair: str, out: Path, quick: bool, max_tokens: int
                        log_path=out / f"server-{setting}.log") as srv:
         res["server_start_s"] = round(time.perf_counter() - t0, 1)
         pool = loadgen.fit_to_context(srv.url, srv.model_name(), loadgen.load_prompts(), max_tokens)
-        sets = {g: [p for p in pool if p.category in cats] for g, cats in GROUPS.items()}
+        if groups is None:
+            res["calibration"] = asyncio.run(calibrate(srv, pool, max_tokens))
+            groups = groups_by_repetition(res["calibration"])
+            print("  n-gram acceptance per category: " + ", ".join(
+                f"{k} {'-' if a is None else f'{a:.2f}'}" for k, a in res["calibration"].items())
+                  + f"; groups {groups}", flush=True)
+        res["groups"] = groups
+        # categories interleaved; the calibration's prompts left out (they warmed the prefix cache)
+        seen = {p.qid for p in _calibration_prompts(pool)}
+        sets = {g: loadgen.mixed_prompts(ps := [p for p in pool if p.category in cats and p.qid not in seen], len(ps))
+                for g, cats in groups.items()}
         lossless = [ps[0] for ps in sets.values()] + [ps[1] for ps in sets.values()]
         for name, body in policy_bodies(quick).items():
             if setting == "tight" and name.startswith("draft-"):
@@ -117,13 +167,17 @@ def run_setting(setting: str, pair: str, out: Path, quick: bool, max_tokens: int
             res["texts"][name] = asyncio.run(texts(srv, lossless, max_tokens))
             for g, ps in sets.items():
                 for c in conc:
-                    n = (3 if quick else 8) * c
+                    n = 3 * c if quick else max(6, 3 * c)
                     s = asyncio.run(measure(srv, ps, c, n, max_tokens))
                     res["cells"][f"{name}|{g}|{c}"] = s
                     acc = s["ngram_acceptance"] if s["ngram_drafted"] else s["draft_acceptance"]
                     print(f"  {name:15s} {g:8s} c={c}  {s['output_tok_s']:7.1f} tok/s  "
                           f"acceptance {'-' if acc is None else f'{acc:.2f}'}", flush=True)
     return res
+
+
+def _acc(a: float | None) -> str:
+    return "-" if a is None else f"{a:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     max_tokens = args.max_tokens or (48 if quick else 128)
     name = "ngram" if args.pair == "bundled" else f"ngram-{args.pair}"
     out = results_dir(f"{name}/quick" if quick else name)
-    results = {s: run_setting(s, args.pair, out, quick, max_tokens) for s in ("resident", "tight")}
+    results: dict[str, Any] = {}
+    for s in ("resident", "tight"):
+        results[s] = run_setting(s, args.pair, out, quick, max_tokens, results["resident"]["groups"] if results else None)
 
     def tok_s(setting: str, pol: str, g: str, c: int) -> float | None:
         cell = results[setting]["cells"].get(f"{pol}|{g}|{c}")
@@ -168,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
             f"bench-ngram ({args.pair}, {setting}): output tok/s (ratio to nosd)",
             ["setting", "group", "c", "n-gram acc", *pols], [r for p, r in rows if r[0] == setting],
             notes="n-gram acc: the best static n-gram arm's acceptance in that cell (how much the group repeats "
-                  "its prompt)."))
+                  "its prompt). Groups, by the calibration's n-gram acceptance per category: " + "; ".join(
+                      f"{g} = " + ", ".join(f"{cat} {_acc(results['resident']['calibration'].get(cat))}" for cat in cats)
+                      for g, cats in results["resident"]["groups"].items()) + "."))
     (out / "table.md").write_text("\n\n".join(text) + "\n")
 
     def best_ngram(setting: str, g: str, c: int) -> float:
