@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -110,6 +111,17 @@ def _calibration_prompts(pool: list) -> dict[str, list]:
     return dict(sorted(by_cat.items()))
 
 
+def group_prompts(pool: list, groups: dict[str, tuple[str, ...]]) -> dict[str, list]:
+    """Each group's prompts, categories interleaved until each runs out (none twice: a repeat would
+    hit the prefix cache), without the calibration's (they warmed it)."""
+    seen = {p.qid for ps in _calibration_prompts(pool).values() for p in ps}
+    out = {}
+    for g, cats in groups.items():
+        rows = itertools.zip_longest(*([p for p in pool if p.category == cat and p.qid not in seen] for cat in cats))
+        out[g] = [p for row in rows for p in row if p is not None]
+    return out
+
+
 async def calibrate(srv: ServerProcess, pool: list, max_tokens: int) -> dict[str, float | None]:
     """n-gram acceptance per category (static n-gram gamma 3, ``CALIBRATE`` prompts each, c=1)."""
     import httpx
@@ -155,10 +167,7 @@ def run_setting(setting: str, pair: str, out: Path, quick: bool, max_tokens: int
                 f"{k} {'-' if a is None else f'{a:.2f}'}" for k, a in res["calibration"].items())
                   + f"; groups {groups}", flush=True)
         res["groups"] = groups
-        # categories interleaved; the calibration's prompts left out (they warmed the prefix cache)
-        seen = {p.qid for p in _calibration_prompts(pool)}
-        sets = {g: loadgen.mixed_prompts(ps := [p for p in pool if p.category in cats and p.qid not in seen], len(ps))
-                for g, cats in groups.items()}
+        sets = group_prompts(pool, groups)
         lossless = [ps[0] for ps in sets.values()] + [ps[1] for ps in sets.values()]
         for name, body in policy_bodies(quick).items():
             if setting == "tight" and name.startswith("draft-"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from nightjar_worker.loadgen import Prompt
 
-from benchmarks.bench_ngram import _calibration_prompts, groups_by_repetition
+from benchmarks.bench_ngram import _calibration_prompts, group_prompts, groups_by_repetition
 
 
 def test_groups_are_the_most_and_least_repeating_categories():
@@ -25,3 +25,7 @@ def test_calibration_takes_the_first_prompts_of_every_category():
     cal = _calibration_prompts(pool)
     assert list(cal) == ["coding", "qa"]
     assert [p.qid for p in cal["coding"]] == [0, 3] and [p.qid for p in cal["qa"]] == [1, 2]
+    sets = group_prompts(pool + [Prompt(20, "math", "m")], {"repeats": ("coding", "qa"), "fresh": ("math",)})
+    assert sorted(p.qid for p in sets["repeats"]) == [4, 5, 6, 7, 8, 9, 10, 11]  # the calibration's left out
+    assert sets["repeats"][0].category != sets["repeats"][1].category  # interleaved
+    assert [p.qid for p in sets["fresh"]] == []  # its only prompt calibrated

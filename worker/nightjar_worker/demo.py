@@ -18,7 +18,7 @@ Once a second it reads ``/metrics``: the gamma chosen per draft source, the runn
 tok/s, the draft's memory state and the KV blocks the target may use. Ends with a table per segment
 (tok/s against the gamma-0 reference) and a PNG under ``benchmarks/results/demo/``. About 3.5 minutes
 on 2 cores with the bundled pair once installed (``--pair qwen``: the Qwen2.5-Coder pair, whose draft
-pays: fewer, shorter requests, about 25 minutes).
+pays: fewer, shorter requests, about 12 minutes).
 """
 
 from __future__ import annotations
