@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import secrets
@@ -246,7 +247,7 @@ def plot(ticks: list[Tick], segs: list[Segment], path: Path, title: str) -> None
     ax2.step(t, [k.draft_state if k.draft_state is not None else nan for k in ticks], where="post", color="grey")
     ax2.set_yticks(range(len(STATES)), STATES, fontsize=7)
     ax2.set_ylabel("draft weights")
-    for prev, k in zip(ticks, ticks[1:]):
+    for prev, k in itertools.pairwise(ticks):
         for tr in TRIGGERS:
             if k.returns[tr] > prev.returns[tr]:  # a return started: say why
                 axes[3].axvline(k.t, color="tab:green", linestyle=":")
