@@ -29,3 +29,17 @@ def test_calibration_takes_the_first_prompts_of_every_category():
     assert sorted(p.qid for p in sets["repeats"]) == [4, 5, 6, 7, 8, 9, 10, 11]  # the calibration's left out
     assert sets["repeats"][0].category != sets["repeats"][1].category  # interleaved
     assert [p.qid for p in sets["fresh"]] == []  # its only prompt calibrated
+
+
+def test_lossless_report_allows_a_bf16_tie_and_nothing_else():
+    from benchmarks.bench_ngram import lossless_report
+
+    def out(tokens, margins=None):
+        return {"text": "".join(tokens), "tokens": tokens, "margins": margins or [5.0] * len(tokens)}
+
+    ref = out(["a", "b", "c"], [5.0, 0.125, 5.0])  # positions 1: plain decoding's top two tied
+    res = {"resident": {"texts": {"nosd": [ref], "ngram-4": [out(["a", "x", "y"])]}},
+           "tight": {"texts": {"nosd": [out(["a", "b", "c"])], "ngram-2": [out(["a", "b", "z"])]}}}
+    report = lossless_report(res)
+    assert report["resident/nosd"] == [] and report["resident/ngram-4"] == [] and report["tight/nosd"] == []
+    assert report["tight/ngram-2"] == ["prompt 0: differs at token 2 where plain decoding's top-2 margin was 5.000"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from nightjar_worker.engine.lossless import lossless_mismatch, top2_margin  # noqa: F401 - the tests import it from here
 from nightjar_worker.models import bundled_pair
 
 K = 3
@@ -41,12 +42,6 @@ def generate_ids(llm: Any, texts: list[str], max_tokens: int, ignore_eos: bool =
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-# bf16 logits around 20 lie 0.125 apart: where plain decoding's two most likely tokens are this
-# close, a verification pass of another batch shape (bf16 CPU kernels are not batch-invariant) may
-# break the tie the other way, and the outputs part there with neither being wrong.
-TIE_MARGIN = 0.25
-
-
 def generate_margins(llm: Any, texts: list[str], max_tokens: int) -> list[tuple[list[int], list[float]]]:
     """Greedy ids and, per position, the logprob gap between the two most likely tokens."""
     from vllm import SamplingParams
@@ -55,22 +50,9 @@ def generate_margins(llm: Any, texts: list[str], max_tokens: int) -> list[tuple[
                         use_tqdm=False)
     res = []
     for o in outs:
-        margins = []
-        for lp in o.outputs[0].logprobs or []:
-            top = sorted((x.logprob for x in lp.values()), reverse=True)
-            margins.append(top[0] - top[1] if len(top) > 1 else float("inf"))
+        margins = [top2_margin(x.logprob for x in lp.values()) for lp in o.outputs[0].logprobs or []]
         res.append((list(o.outputs[0].token_ids), margins))
     return res
-
-
-def lossless_mismatch(got: list[int], ref: list[int], margins: list[float]) -> str | None:
-    """None when ``got`` equals plain decoding's ``ref``, or equals it up to a position where plain
-    decoding's two best tokens tied within ``TIE_MARGIN``; else where and how it differs."""
-    n = next((i for i, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), min(len(got), len(ref)))
-    if n == len(got) == len(ref):
-        return None
-    margin = margins[n] if n < len(margins) else float("inf")
-    return None if margin <= TIE_MARGIN else f"differs at token {n} where plain decoding's top-2 margin was {margin:.3f}"
 
 
 class StepRecorder:
