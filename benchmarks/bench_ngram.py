@@ -13,9 +13,8 @@ Prompts: Spec-Bench categories split by how much their answers repeat their prom
 run: a calibration pass plays static n-gram gamma 3 on ``CALIBRATE`` prompts of every category at
 concurrency 1 and reads the n-gram drafts' acceptance per category; the ``GROUP_SIZE`` categories
 with the highest acceptance form ``repeats``, those with the lowest ``fresh`` (the same groups for
-both settings). Loads: closed
-loop at concurrency 1 and 8 (QUICK: 1 and 4), max(6, 3c) requests (QUICK: 3c) after an unmeasured
-wave of c requests in which the policy adapts to the load. Settings:
+both settings). Loads: closed loop at concurrency 1 and 8 (QUICK: 1 and 4), max(6, 3c) requests
+(QUICK: 3c) after an unmeasured wave of c requests in which the policy adapts to the load. Settings:
 ``resident`` (the draft's weights in memory) and ``tight`` (elastic memory pinned offloaded: the
 draft cannot run, its bytes are KV cache; draft arms fall back to gamma 0, n-gram arms still run).
 Lossless: a fixed prompt set at c=1, greedy, under every policy and setting, compared with plain
