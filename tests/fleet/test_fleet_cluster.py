@@ -177,11 +177,12 @@ def test_priors_slo_and_an_unreachable_pod(fleet: Fleet):
         def priors() -> PlannerPriors | None:
             cm = fleet.get("ConfigMap", c.config_map_name(name))
             doc = yaml.safe_load(((cm or {}).get("data") or {}).get(c.CONFIG_KEY) or "{}") or {}
-            return PlannerPriors.model_validate(doc["priors"]) if doc.get("priors") else None
+            pri = PlannerPriors.model_validate(doc["priors"]) if doc.get("priors") else None
+            # the first rounds may aggregate only a few cells: the simulated workers are still learning
+            return pri if pri is not None and len(pri.entries) >= 5 else None
 
-        pri = wait_for(priors, 30, "priors in the ConfigMap")
+        pri = wait_for(priors, 60, "priors of at least 5 cells in the ConfigMap")
         assert pri.bucket_edges == list(PlannerConfig().edges())
-        assert len(pri.entries) >= 5
         assert all(0 < e.count <= 16.0 and 0 <= e.gamma <= 4 for e in pri.entries)
         cfg = yaml.safe_load(fleet.get("ConfigMap", c.config_map_name(name))["data"][c.CONFIG_KEY])
         assert cfg["slo"] == {"ttft_p95_ms": 300, "tpot_p95_ms": 40}  # the planner's SLO constraint too
