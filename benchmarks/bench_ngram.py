@@ -181,7 +181,7 @@ def run_setting(setting: str, pair: str, out: Path, quick: bool, max_tokens: int
             res["calibration"] = asyncio.run(calibrate(srv, pool, max_tokens))
             groups = groups_by_repetition(res["calibration"])
             print("  n-gram acceptance per category: " + ", ".join(
-                f"{k} {'-' if a is None else f'{a:.2f}'}" for k, a in res["calibration"].items())
+                f"{k} {_acc(a)}" for k, a in res["calibration"].items())
                   + f"; groups {groups}", flush=True)
         res["groups"] = groups
         sets = group_prompts(pool, groups)
