@@ -20,6 +20,11 @@ draft cannot run, its bytes are KV cache; draft arms fall back to gamma 0, n-gra
 Lossless: a fixed prompt set at c=1, greedy, under every policy and setting, compared with plain
 decoding's tokens up to a bf16 tie (``engine/lossless.py``).
 
+A part of the run (a slow pair: the Qwen pair decodes about 10x slower than the bundled one on 2
+cores): ``POLICIES`` (names above, comma-separated; ``nosd`` always runs, it is the baseline),
+``LOADS`` (concurrencies) and ``SETTINGS`` (``resident``, ``tight``); such a run writes to
+``.../subset`` (``.../quick-subset``) and its RESULT line has the keys its cells can give.
+
 Writes ``benchmarks/results/ngram[-pair]/{results.json,table.md}`` (QUICK: ``.../quick/``). Last line:
 ``RESULT ngram_vs_nosd_c1=... both_vs_best_single_source=... tight_both_vs_nosd_c1=... lossless=...``
 (``both_vs_best_single_source``: geometric mean over groups and loads of nightjar-both's tok/s over
@@ -35,6 +40,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +54,7 @@ from benchmarks.serving import ADMIN_TOKEN, PAIRS, openai_client, pair_args, set
 K = 4
 CALIBRATE = 2  # prompts per category in the calibration pass
 GROUP_SIZE = 3  # categories per group
+SETTINGS = ("resident", "tight")
 
 
 def policy_bodies(quick: bool) -> dict[str, dict]:
@@ -60,6 +67,36 @@ def policy_bodies(quick: bool) -> dict[str, dict]:
     out["nightjar-draft"] = {"policy": "nightjar"}
     out["nightjar-both"] = {"policy": "nightjar", "ngram_arms": list(range(1, K + 1))}
     return {name: {"planner": {"max_gamma": K, **body}} for name, body in out.items()}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The cells a run measures: every policy x load x setting, or the part asked for."""
+
+    policies: tuple[str, ...]
+    loads: tuple[int, ...]
+    settings: tuple[str, ...]
+    subset: bool
+
+
+def parse_scope(quick: bool, policies: str = "", loads: str = "", settings: str = "") -> Scope:
+    """``POLICIES``/``LOADS``/``SETTINGS`` (comma-separated; empty: all) to a ``Scope``; an unknown
+    name is a ``ValueError`` naming the knob. ``nosd`` always runs (every ratio and the lossless
+    check are against it)."""
+    known, all_loads = tuple(policy_bodies(quick)), ((1, 4) if quick else (1, 8))
+
+    def items(text: str) -> set[str]:
+        return {x.strip() for x in text.split(",") if x.strip()}
+
+    for knob, asked, names in (("POLICIES", policies, known), ("SETTINGS", settings, SETTINGS)):
+        if bad := sorted(items(asked) - set(names)):
+            raise ValueError(f"{knob}: unknown {bad}; known: {', '.join(names)}")
+    if not all(x.isdigit() and int(x) >= 1 for x in items(loads)):
+        raise ValueError(f"LOADS: concurrencies are integers >= 1 (got {loads!r})")
+    pols = tuple(p for p in known if not items(policies) or p in items(policies) | {"nosd"})
+    conc = tuple(sorted(int(x) for x in items(loads))) or all_loads
+    sets = tuple(x for x in SETTINGS if not items(settings) or x in items(settings))
+    return Scope(pols, conc, sets, (pols, conc, sets) != (known, all_loads, SETTINGS))
 
 
 def switch(url: str, body: dict) -> None:
@@ -155,21 +192,22 @@ async def texts(srv: ServerProcess, prompts: list, max_tokens: int) -> list[dict
 
 
 def lossless_report(results: dict[str, Any]) -> dict[str, list[str]]:
-    """Per setting/policy, how its outputs differ from plain decoding's (resident ``nosd``) beyond a
-    bf16 tie (``lossless_mismatch``); empty lists: lossless."""
-    ref = results["resident"]["texts"]["nosd"]
+    """Per setting/policy, how its outputs differ from plain decoding's (``nosd`` in the first
+    setting run, resident unless only tight ran) beyond a bf16 tie (``lossless_mismatch``); empty
+    lists: lossless."""
+    ref = next(iter(results.values()))["texts"]["nosd"]
     return {f"{s}/{pol}": [f"prompt {i}: {why}" for i, (got, want) in enumerate(zip(outs, ref, strict=True))
                            if (why := lossless_mismatch(got["tokens"], want["tokens"], want["margins"]))]
             for s, res in results.items() for pol, outs in res["texts"].items()}
 
 
-def run_setting(setting: str, pair: str, out: Path, quick: bool, max_tokens: int,
+def run_setting(setting: str, pair: str, out: Path, scope: Scope, quick: bool, max_tokens: int,
                 groups: dict[str, tuple[str, ...]] | None) -> dict[str, Any]:
-    """Every policy on one server; ``groups`` None: calibrate them first (``res["groups"]``)."""
+    """The scope's policies and loads on one server; ``groups`` None: calibrate them first
+    (``res["groups"]``)."""
     env = {"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN}
     if setting == "tight":
         env["NIGHTJAR_MEMORY"] = json.dumps({"enabled": True, "mode": "offloaded"})
-    conc = (1, 4) if quick else (1, 8)
     t0 = time.perf_counter()
     print(f"[{setting}] starting the server ...", flush=True)
     res: dict[str, Any] = {"cells": {}, "texts": {}}
@@ -186,13 +224,15 @@ def run_setting(setting: str, pair: str, out: Path, quick: bool, max_tokens: int
         res["groups"] = groups
         sets = group_prompts(pool, groups)
         lossless = [ps[0] for ps in sets.values()] + [ps[1] for ps in sets.values()]
-        for name, body in policy_bodies(quick).items():
+        bodies = policy_bodies(quick)
+        for name in scope.policies:
+            body = bodies[name]
             if setting == "tight" and name.startswith("draft-"):
                 continue  # the draft cannot run: these are nosd
             switch(srv.url, body)
             res["texts"][name] = asyncio.run(texts(srv, lossless, max_tokens))
             for g, ps in sets.items():
-                for c in conc:
+                for c in scope.loads:
                     n = 3 * c if quick else max(6, 3 * c)
                     s = asyncio.run(measure(srv, ps, c, n, max_tokens))
                     res["cells"][f"{name}|{g}|{c}"] = s
@@ -206,61 +246,75 @@ def _acc(a: float | None) -> str:
     return "-" if a is None else f"{a:.2f}"
 
 
+def tok_s(results: dict[str, Any], setting: str, pol: str, g: str, c: int) -> float | None:
+    cell = results.get(setting, {}).get("cells", {}).get(f"{pol}|{g}|{c}")
+    return cell["output_tok_s"] if cell else None
+
+
+def headline(results: dict[str, Any]) -> dict[str, float | None]:
+    """The RESULT ratios from the cells a run measured (None: it measured none that give it)."""
+    def ratio(num: list[float | None], den: float | None) -> float | None:
+        num_ = [v for v in num if v is not None]
+        return max(num_) / den if num_ and den else None
+
+    ngram_pols = [p for p in policy_bodies(False) if p.startswith("ngram-")]
+    cells = results.get("resident", {}).get("cells", {})
+    ratios = []  # nightjar-both over the best other policy, per (group, load)
+    for key, both in cells.items():
+        pol, *where = key.split("|")
+        if pol == "nightjar-both":
+            best = max(v["output_tok_s"] for k, v in cells.items() if k.split("|")[1:] == where and k != key)
+            ratios.append(both["output_tok_s"] / best)
+    return {
+        "ngram_vs_nosd_c1": ratio([tok_s(results, "resident", p, "repeats", 1) for p in ngram_pols],
+                                  tok_s(results, "resident", "nosd", "repeats", 1)),
+        "both_vs_best_single_source": math.prod(ratios) ** (1 / len(ratios)) if ratios else None,
+        "tight_both_vs_nosd_c1": ratio([tok_s(results, "tight", "nightjar-both", "repeats", 1)],
+                                       tok_s(results, "tight", "nosd", "repeats", 1)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", choices=PAIRS, default=os.environ.get("PAIR") or "bundled")
     ap.add_argument("--max-tokens", type=int, default=None)
     args = ap.parse_args(argv)
     quick = is_quick()
+    try:
+        scope = parse_scope(quick, *(os.environ.get(k, "") for k in ("POLICIES", "LOADS", "SETTINGS")))
+    except ValueError as e:
+        ap.error(str(e))
     set_cpu_env()
     max_tokens = args.max_tokens or (48 if quick else 128)
     name = "ngram" if args.pair == "bundled" else f"ngram-{args.pair}"
-    out = results_dir(f"{name}/quick" if quick else name)
+    part = "-".join(x for x, on in (("quick", quick), ("subset", scope.subset)) if on)
+    out = results_dir(f"{name}/{part}" if part else name)
     results: dict[str, Any] = {}
-    for s in ("resident", "tight"):
-        results[s] = run_setting(s, args.pair, out, quick, max_tokens, results["resident"]["groups"] if results else None)
+    for s in scope.settings:
+        groups = next(iter(results.values()))["groups"] if results else None
+        results[s] = run_setting(s, args.pair, out, scope, quick, max_tokens, groups)
+    first = next(iter(results.values()))
 
-    def tok_s(setting: str, pol: str, g: str, c: int) -> float | None:
-        cell = results[setting]["cells"].get(f"{pol}|{g}|{c}")
-        return cell["output_tok_s"] if cell else None
-
-    rows, ratios = [], []
+    text = []
     for setting, res in results.items():
-        pols = sorted({k.split("|")[0] for k in res["cells"]}, key=list(policy_bodies(quick)).index)
-        cells = sorted({tuple(k.split("|")[1:]) for k in res["cells"]})
-        for g, c in cells:
-            base = tok_s(setting, "nosd", g, int(c)) or float("nan")
+        pols = [p for p in scope.policies if any(k.startswith(p + "|") for k in res["cells"])]
+        rows = []
+        for g, c in sorted({tuple(k.split("|")[1:]) for k in res["cells"]}):
+            base = tok_s(results, setting, "nosd", g, int(c)) or float("nan")
             acc = max((res["cells"][f"{p}|{g}|{c}"]["ngram_acceptance"] or 0.0 for p in pols if p.startswith("ngram-")),
                       default=0.0)
-            row = [setting, g, c, f"{acc:.2f}"]
-            for p in pols:
-                v = tok_s(setting, p, g, int(c))
-                row.append("-" if v is None else f"{v:.1f} ({v / base:.2f})")
-            rows.append((pols, row))
-            if setting == "resident":
-                both = tok_s(setting, "nightjar-both", g, int(c))
-                others = [tok_s(setting, p, g, int(c)) for p in pols if p != "nightjar-both"]
-                best = max(v for v in others if v is not None)
-                if both:
-                    ratios.append(both / best)
-    text = []
-    for setting in results:
-        pols = next(p for p, r in rows if r[0] == setting)
+            vals = [tok_s(results, setting, p, g, int(c)) for p in pols]
+            rows.append([setting, g, c, f"{acc:.2f}", *("-" if v is None else f"{v:.1f} ({v / base:.2f})" for v in vals)])
         text.append(print_table(
             f"bench-ngram ({args.pair}, {setting}): output tok/s (ratio to nosd)",
-            ["setting", "group", "c", "n-gram acc", *pols], [r for p, r in rows if r[0] == setting],
+            ["setting", "group", "c", "n-gram acc", *pols], rows,
             notes="n-gram acc: the best static n-gram arm's acceptance in that cell (how much the group repeats "
                   "its prompt). Groups, by the calibration's n-gram acceptance per category: " + "; ".join(
-                      f"{g} = " + ", ".join(f"{cat} {_acc(results['resident']['calibration'].get(cat))}" for cat in cats)
-                      for g, cats in results["resident"]["groups"].items()) + "."))
+                      f"{g} = " + ", ".join(f"{cat} {_acc(first['calibration'].get(cat))}" for cat in cats)
+                      for g, cats in first["groups"].items()) + "."))
     (out / "table.md").write_text("\n\n".join(text) + "\n")
 
-    def best_ngram(setting: str, g: str, c: int) -> float:
-        return max(v for p, v in ((p, tok_s(setting, p, g, c)) for p in policy_bodies(quick)) if p.startswith("ngram-")
-                   and v is not None)
-
-    ngram_c1 = best_ngram("resident", "repeats", 1) / tok_s("resident", "nosd", "repeats", 1)
-    tight = tok_s("tight", "nightjar-both", "repeats", 1) / tok_s("tight", "nosd", "repeats", 1)
+    heads = headline(results)
     report = lossless_report(results)
     lossless = not any(report.values())
     texts_all = [[o["text"] for o in t] for s in results.values() for t in s["texts"].values()]
@@ -269,12 +323,13 @@ def main(argv: list[str] | None = None) -> int:
           + ("the others part from it only where its top-2 tokens tied within a bf16 rounding" if lossless else
              "; ".join(f"{k}: {v}" for k, v in report.items() if v)), flush=True)
     summary = {"pair": args.pair, "quick": quick, "max_tokens": max_tokens, "K": K,
-               "ngram_vs_nosd_c1": ngram_c1, "both_vs_best_single_source": math.prod(ratios) ** (1 / len(ratios)),
-               "tight_both_vs_nosd_c1": tight, "lossless": lossless, "lossless_report": report,
-               "identical_texts": identical, "results": results}
+               "scope": {"policies": scope.policies, "loads": scope.loads, "settings": scope.settings},
+               **heads, "lossless": lossless, "lossless_report": report, "identical_texts": identical,
+               "results": results}
     write_json(out / "results.json", summary)
-    print_result(ngram_vs_nosd_c1=f"{ngram_c1:.3f}", both_vs_best_single_source=f"{summary['both_vs_best_single_source']:.3f}",
-                 tight_both_vs_nosd_c1=f"{tight:.3f}", lossless=str(lossless).lower())
+    if missing := [k for k, v in heads.items() if v is None]:
+        print(f"not in this run's cells: {', '.join(missing)}", flush=True)
+    print_result(**{k: f"{v:.3f}" for k, v in heads.items() if v is not None}, lossless=str(lossless).lower())
     return 0
 
 

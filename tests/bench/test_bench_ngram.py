@@ -43,3 +43,34 @@ def test_lossless_report_allows_a_bf16_tie_and_nothing_else():
     report = lossless_report(res)
     assert report["resident/nosd"] == [] and report["resident/ngram-4"] == [] and report["tight/nosd"] == []
     assert report["tight/ngram-2"] == ["prompt 0: differs at token 2 where plain decoding's top-2 margin was 5.000"]
+
+
+def test_scope_takes_a_part_and_names_the_knob_it_cannot_read():
+    from benchmarks.bench_ngram import parse_scope
+
+    full = parse_scope(quick=True)
+    assert not full.subset and full.loads == (1, 4) and full.settings == ("resident", "tight")
+    part = parse_scope(False, "nightjar-both, ngram-2", "8,1,1", "tight")
+    # nosd joins (the baseline), the policies keep the table's order, loads are sorted and distinct
+    assert part.policies == ("nosd", "ngram-2", "nightjar-both") and part.loads == (1, 8) and part.subset
+    assert part.settings == ("tight",)
+    for kw, knob in (({"policies": "ngram-9"}, "POLICIES"), ({"settings": "roomy"}, "SETTINGS"),
+                     ({"loads": "1,x"}, "LOADS"), ({"loads": "0"}, "LOADS")):
+        with pytest.raises(ValueError, match=knob):
+            parse_scope(True, **kw)
+
+
+def test_headline_gives_the_ratios_its_cells_can_give():
+    from benchmarks.bench_ngram import headline
+
+    def cells(**tok_s):
+        return {"cells": {k.replace("__", "|").replace("_", "-"): {"output_tok_s": v} for k, v in tok_s.items()}}
+
+    res = {"resident": cells(nosd__repeats__1=10.0, ngram_2__repeats__1=14.0, nightjar_both__repeats__1=12.0,
+                             nosd__repeats__4=30.0, nightjar_both__repeats__4=45.0)}
+    h = headline(res)
+    assert h["ngram_vs_nosd_c1"] == pytest.approx(1.4)
+    assert h["both_vs_best_single_source"] == pytest.approx((12 / 14 * 45 / 30) ** 0.5)
+    assert h["tight_both_vs_nosd_c1"] is None  # no tight setting in this run
+    assert headline({"tight": cells(nosd__repeats__1=10.0, nightjar_both__repeats__1=13.0)}) == {
+        "ngram_vs_nosd_c1": None, "both_vs_best_single_source": None, "tight_both_vs_nosd_c1": pytest.approx(1.3)}
