@@ -51,7 +51,7 @@ from typing import Any
 
 from nightjar_worker import loadgen
 from nightjar_worker.engine.step_stats import read_jsonl
-from nightjar_worker.models import PAIR_KV_POOL_GIB, PAIR_RELOAD_SLICE_S
+from nightjar_worker.models import elastic_memory_env
 from nightjar_worker.serve import ServerProcess
 from nightjar_worker.sim.profile import CostProfile
 
@@ -379,13 +379,10 @@ class Bench:
             cfg["control_file"] = str(control)
         if self.args.kv_base_blocks:
             cfg["base_blocks"] = self.args.kv_base_blocks
-        if self.args.pair in PAIR_RELOAD_SLICE_S:  # server B's pool is sized for the offloaded draft
-            cfg["reload_slice_s"] = PAIR_RELOAD_SLICE_S[self.args.pair]
-        env = {"NIGHTJAR_MEMORY": json.dumps(cfg)}
-        self.meta["memory_config"] = cfg
-        if self.args.pair in PAIR_KV_POOL_GIB:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(PAIR_KV_POOL_GIB[self.args.pair])
-            self.meta["kv_pool_gib"] = PAIR_KV_POOL_GIB[self.args.pair]
+        env = elastic_memory_env(self.args.pair, cfg)
+        self.meta["memory_config"] = json.loads(env["NIGHTJAR_MEMORY"])
+        if "VLLM_CPU_KVCACHE_SPACE" in env:
+            self.meta["kv_pool_gib"] = float(env["VLLM_CPU_KVCACHE_SPACE"])
         return env
 
     def reload(self) -> None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import math
 import os
 import time
@@ -46,6 +45,7 @@ from typing import Any
 
 from nightjar_worker import loadgen
 from nightjar_worker.engine.lossless import lossless_mismatch, top2_margin
+from nightjar_worker.models import elastic_memory_env
 from nightjar_worker.serve import ServerProcess
 
 from benchmarks.common import is_quick, print_result, print_table, results_dir, write_json
@@ -207,7 +207,7 @@ def run_setting(setting: str, pair: str, out: Path, scope: Scope, quick: bool, m
     (``res["groups"]``)."""
     env = {"NIGHTJAR_ADMIN_TOKEN": ADMIN_TOKEN}
     if setting == "tight":
-        env["NIGHTJAR_MEMORY"] = json.dumps({"enabled": True, "mode": "offloaded"})
+        env.update(elastic_memory_env(pair, {"enabled": True, "mode": "offloaded"}))
     t0 = time.perf_counter()
     print(f"[{setting}] starting the server ...", flush=True)
     res: dict[str, Any] = {"cells": {}, "texts": {}}
@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in scope.settings:
         groups = next(iter(results.values()))["groups"] if results else None
         results[s] = run_setting(s, args.pair, out, scope, quick, max_tokens, groups)
+        write_json(out / "results.json", {"pair": args.pair, "partial": True, "results": results})  # kept if a later setting fails
     first = next(iter(results.values()))
 
     text = []

@@ -286,16 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     live = sys.stdout.isatty() and not args.no_live
     segs = segments(args.scale, args.requests)
 
-    from nightjar_worker.models import PAIR_KV_POOL_GIB, PAIR_RELOAD_SLICE_S, pair_args
+    from nightjar_worker.models import elastic_memory_env, pair_args
     from nightjar_worker.serve import ServerProcess
 
     token = secrets.token_hex(8)
-    memory = {"enabled": True, "mode": "auto"}
-    if args.pair in PAIR_RELOAD_SLICE_S:
-        memory["reload_slice_s"] = PAIR_RELOAD_SLICE_S[args.pair]
-    env = {"NIGHTJAR_ADMIN_TOKEN": token, "NIGHTJAR_MEMORY": json.dumps(memory)}
-    if args.pair in PAIR_KV_POOL_GIB:  # a pool sized for the offloaded draft
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(PAIR_KV_POOL_GIB[args.pair])
+    env = {"NIGHTJAR_ADMIN_TOKEN": token, **elastic_memory_env(args.pair, {"enabled": True, "mode": "auto"})}
     print(f"starting the worker on the {args.pair} pair (about a minute on 2 cores) ...", flush=True)
     server = ServerProcess([*pair_args(args.pair), "--scheduler", "nightjar", "--num-speculative-tokens", str(K),
                             "--max-num-seqs", str(args.max_num_seqs), *args.serve_args], env=env,

@@ -14,8 +14,10 @@ Importable without torch or vllm.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 TARGET_NAME = "smollm2-135m-instruct"
 DRAFT_NAME = "smollm2-135m-draft"
@@ -54,6 +56,16 @@ PAIR_DTYPES = {"bundled": "bfloat16", "qwen": "float32"}
 # batch 1; 0.1 s is ~20 % of a batch-1 step for ~50 steps).
 PAIR_KV_POOL_GIB = {"qwen": 6}
 PAIR_RELOAD_SLICE_S = {"qwen": 0.1}
+
+
+def elastic_memory_env(pair: str, memory: dict[str, Any]) -> dict[str, str]:
+    """The worker's environment for elastic memory ``memory`` (``NIGHTJAR_MEMORY``'s fields) on
+    ``pair``: its reload slice unless given, and its KV pool where the default does not fit."""
+    cfg = {**({"reload_slice_s": PAIR_RELOAD_SLICE_S[pair]} if pair in PAIR_RELOAD_SLICE_S else {}), **memory}
+    env = {"NIGHTJAR_MEMORY": json.dumps(cfg)}
+    if pair in PAIR_KV_POOL_GIB:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(PAIR_KV_POOL_GIB[pair])
+    return env
 
 
 def pair_dirs(pair: str) -> tuple[Path, Path]:
