@@ -29,3 +29,16 @@ def test_table_and_plot_show_the_draft_leaving_and_returning(tmp_path):
     assert cells["nightjar again"][6:] == ["0 / 0", "resident", "529"]
     demo.plot(ticks, segs, tmp_path / "demo.png", "test")
     assert (tmp_path / "demo.png").stat().st_size > 10_000
+
+
+def test_elastic_memory_env_sizes_the_pool_for_a_pair_whose_draft_needs_it():
+    import json
+
+    from nightjar_worker.models import elastic_memory_env
+
+    qwen = elastic_memory_env("qwen", {"enabled": True, "mode": "offloaded"})
+    # the Qwen draft's 3.6 GB would leave the default 2 GiB pool no base blocks: the worker refuses
+    assert float(qwen["VLLM_CPU_KVCACHE_SPACE"]) > 2
+    assert json.loads(qwen["NIGHTJAR_MEMORY"]) == {"enabled": True, "mode": "offloaded", "reload_slice_s": 0.1}
+    assert json.loads(elastic_memory_env("qwen", {"reload_slice_s": 0.5})["NIGHTJAR_MEMORY"])["reload_slice_s"] == 0.5
+    assert elastic_memory_env("bundled", {"enabled": True}) == {"NIGHTJAR_MEMORY": '{"enabled": true}'}
