@@ -129,7 +129,7 @@ def same_output(out: dict, ref: dict) -> None:
     assert all(out[p][:4] == ref[p][:4] for p in ref)
 
 
-def metric(prom: Path, name: str) -> float:
+def metric(prom: Path, name: str, **labels: str) -> float:
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -138,7 +138,7 @@ def metric(prom: Path, name: str) -> float:
     total = 0.0
     for fam in reg.collect():
         for s in fam.samples:
-            if s.name == name:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value
     return total
 
@@ -206,3 +206,13 @@ def test_ngram_drafts_run_while_the_draft_is_offloaded(tmp_path):
         assert {e["state"] for e in _trace(trace) if "step" in e} <= {"offloading", "offloaded"}  # no draft step
         drafted, accepted = metric(prom, "nightjar_draft_tokens_total"), metric(prom, "nightjar_accepted_tokens_total")
         assert drafted > 0 and accepted > 0, (drafted, accepted)  # zeros as drafts: none ever accepted
+
+
+def test_an_ngram_step_after_gamma_0_verifies_no_zeros_while_the_draft_is_offloaded(tmp_path):
+    # the gamma-0 steps in between hand the scheduler no drafts (not vLLM's zeros), so the n-gram
+    # steps verify prompt-lookup drafts only and nothing is counted as the draft model's
+    with _engine(tmp_path, "0,n3x3", "offloaded") as (engine, _, trace, prom):
+        drive_until(engine, trace, "offloaded")
+        generate(engine, "ngram", prompts=REPEATING, max_tokens=40)
+        assert metric(prom, "nightjar_draft_tokens_total", source="ngram") > 0
+        assert metric(prom, "nightjar_draft_tokens_total", source="draft") == 0

@@ -40,6 +40,7 @@ class WorkerStepStats:
     proposed: bool = False
     draft_lag_tokens: int = -1  # at gamma == 0: positions the draft lacks before this step (-1: not measured)
     ngram_k: int = 0  # n-gram drafts proposed after the step's bookkeeping (set by runner_hooks.py)
+    hook_ran: bool = False  # on_propose ran (vLLM skips it while the draft cannot take the step)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -164,6 +165,7 @@ class DraftCatchup:
 
     def on_propose(self, scheduler_output: Any, common_attn_metadata: Any, propose: Any, stats: WorkerStepStats) -> Any:
         """Replaces the runner's ``propose_draft_token_ids`` body for the draft model."""
+        stats.hook_ran = True
         rows = self.rows()
         self.tracker.begin_step(rows, set(scheduler_output.finished_req_ids or ()))
         k = int(scheduler_output.num_spec_tokens_to_schedule)

@@ -100,6 +100,10 @@ def install() -> bool:
             if ngram_k:
                 stats.ngram_k = ngram_k
                 self._draft_token_ids = _ngram(self).propose(ngram_k, out.sampled_token_ids, self.input_batch)
+            elif not stats.hook_ran:
+                # the draft proposed nothing: without this the next step (an n-gram one, say)
+                # would verify vLLM's zeros, a wasted verification counted as the draft's drafts
+                self._draft_token_ids = [[] for _ in self.input_batch.req_ids]
             out.nightjar_stats = stats.as_dict()
         return out
 
