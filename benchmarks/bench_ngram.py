@@ -93,9 +93,10 @@ def parse_scope(quick: bool, policies: str = "", loads: str = "", settings: str 
             raise ValueError(f"{knob}: unknown {bad}; known: {', '.join(names)}")
     if not all(x.isdigit() and int(x) >= 1 for x in items(loads)):
         raise ValueError(f"LOADS: concurrencies are integers >= 1 (got {loads!r})")
-    pols = tuple(p for p in known if not items(policies) or p in items(policies) | {"nosd"})
+    want_pols, want_sets = items(policies), items(settings)
+    pols = tuple(p for p in known if not want_pols or p in want_pols | {"nosd"})
     conc = tuple(sorted(int(x) for x in items(loads))) or all_loads
-    sets = tuple(x for x in SETTINGS if not items(settings) or x in items(settings))
+    sets = tuple(x for x in SETTINGS if not want_sets or x in want_sets)
     return Scope(pols, conc, sets, (pols, conc, sets) != (known, all_loads, SETTINGS))
 
 
