@@ -4,8 +4,8 @@ Needs only PyTorch with CUDA and ``cuda-bindings`` (no vLLM, no pydantic, no mod
 it runs on a bare GPU machine: ``PYTHONPATH=worker:contract:. python3 -m benchmarks.gpu_check``. Writes into
 ``$NIGHTJAR_GPU_CHECK_OUT`` (default ``build/gpu-check``):
 
-1. **KV page release** (``memory/cuda_vmm.py``): a KV pool of vLLM's FlashAttention layout in CUDA
-   virtual memory; bytes returned to ``torch.cuda.mem_get_info`` per released block, base blocks'
+1. **KV page release** (``memory/cuda_vmm.py``, ``kv_pool.py``, ``kv_elastic.KVPageReleaser``): a KV
+   pool of vLLM's FlashAttention layout in CUDA virtual memory, allocated as the worker allocates it; bytes returned to ``torch.cuda.mem_get_info`` per released block, base blocks'
    data intact across unmap/map, time per unmap/map.
 2. **Draft offload/reload over PCIe** (``memory/weight_mover.py``, pinned host memory, side stream)
    while the target's decode step (a CUDA graph) runs on the compute stream: GB/s each way, and the
@@ -217,16 +217,19 @@ class Step:
 def check_kv_release(plan: Plan) -> dict:
     if plan.device != "cuda":
         return {"skipped": "needs CUDA (cuda_vmm maps device memory)"}
-    from nightjar_worker.memory.cuda_vmm import CudaPageReleaser, VmmArena
+    from nightjar_worker.memory.kv_elastic import KVPageReleaser
+    from nightjar_worker.memory.kv_pool import TorchWithPoolZeros, make_arena
 
     s, blocks, base = plan.target, 2048, 1024
     per_layer = 2 * blocks * BLOCK_TOKENS * s.kv_heads * s.head_dim  # elements: [2, B, N, H, D]
-    arena = VmmArena(s.layers * per_layer * 2)
-    flat = arena.tensor(torch.bfloat16)
+    # the pool's buffer as kv_pool serves vLLM's torch.zeros(size, dtype=int8, device) in the worker
+    pool = TorchWithPoolZeros(torch, make_arena)
+    flat = pool.zeros(s.layers * per_layer * 2, dtype=torch.int8, device="cuda").view(torch.bfloat16)
+    arena = pool.arena
     layers = [flat[i * per_layer:(i + 1) * per_layer].view(2, blocks, BLOCK_TOKENS, s.kv_heads, s.head_dim)
               for i in range(s.layers)]
     kv = [t.transpose(0, 1) for t in layers]  # logical [B, 2, N, H, D], vLLM's per-layer view
-    rel = CudaPageReleaser(arena, kv)
+    rel = KVPageReleaser(arena, kv)
     block_bytes = 2 * BLOCK_TOKENS * s.kv_heads * s.head_dim * 2 * s.layers
     for t in layers:
         t.normal_()

@@ -75,7 +75,14 @@ class ElasticMemoryConfig(BaseModel):
         description="KV blocks (null block included) usable with the draft resident; None: the pool "
         "vLLM allocated was sized for the offloaded case and the draft's share is held back",
     )
-    release_pages: bool = Field(True, description="return held-back KV pages to the OS (CPU: madvise)")
+    release_pages: bool = Field(
+        True, description="return the held-back KV blocks' memory (CPU: madvise; CUDA: unmap CUDA virtual memory)"
+    )
+    allow_unverified_cuda: bool = Field(
+        False,
+        description="run elastic memory on CUDA although this build's KV page release in CUDA virtual memory "
+        "has not passed a GPU check (make gpu-check); for testing on a GPU, not for production",
+    )
     host_store: Literal["auto", "pinned", "memory", "file"] = "auto"
     offload_dir: str | None = None
     reload_slice_s: float = Field(

@@ -1,20 +1,15 @@
 import pytest
 import torch
+from nightjar_worker.memory.arena import HostArena
 from nightjar_worker.memory.kv_elastic import (
     ElasticBlockPool,
     KVPageReleaser,
-    extra_block_ranges,
     merge_ranges,
     plan_extra_blocks,
 )
 
 
-def test_ranges_are_page_aligned_inward():
-    assert extra_block_ranges(0, 6144, 10, 4) == (24576, 61440)
-    s, e = extra_block_ranges(100, 5000, 10, 3)
-    assert s % 4096 == 0 and e % 4096 == 0 and s >= 100 + 3 * 5000 and e <= 100 + 10 * 5000
-    assert extra_block_ranges(0, 100, 10, 5) is None  # no whole page inside
-    assert extra_block_ranges(0, 8192, 4, 4) is None
+def test_merge_ranges():
     assert merge_ranges([(10, 20), (0, 5), (15, 30)]) == [(0, 5), (10, 30)]
 
 
@@ -88,36 +83,80 @@ def test_held_blocks_lose_their_prefix_cache_hash():
     assert 7 in ep.held and b.block_hash is None
 
 
-def test_page_releaser_frees_committed_pages():
+def test_page_releaser_returns_and_maps_back_the_extra_blocks_memory():
     nblk, base = 64, 16
-    kv = [torch.ones(nblk, 2, 32, 64, dtype=torch.bfloat16) for _ in range(3)]  # 8 KiB per block
-    rel = KVPageReleaser(kv, "cpu")
+    arena = HostArena(3 * nblk * 8192)
+    flat = arena.tensor().view(torch.bfloat16)
+    kv = [flat[i * nblk * 4096:(i + 1) * nblk * 4096].view(nblk, 2, 32, 64) for i in range(3)]  # 8 KiB per block
+    for t in kv:
+        t.fill_(1)
+    rel = KVPageReleaser(arena, kv)
     freed = rel.release(base)
-    # each layer loses at most its two partial edge pages to inward alignment
-    assert 3 * ((nblk - base) * 8192 - 2 * 4096) <= freed <= 3 * (nblk - base) * 8192
+    assert freed == 3 * (nblk - base) * 8192 and arena.mapped_bytes() == arena.size - freed
+    assert rel.release(base) == 0  # idempotent: nothing left to return
     for t in kv:
         assert torch.all(t[:base] == 1)  # base blocks untouched
-        assert torch.all(t[base + 1 : -1] == 0)  # released pages read back as zero (lazily recommitted)
-    with pytest.raises(NotImplementedError, match="CUDA virtual memory"):
-        KVPageReleaser(kv, "cuda")
+        assert torch.all(t[base:] == 0)  # released pages read back as zero (lazily recommitted)
+    assert rel.restore(base) == freed and arena.mapped_bytes() == arena.size
+    with pytest.raises(ValueError, match="arena"):
+        KVPageReleaser(arena, [torch.ones(nblk, 2, 32, 64)])  # a tensor outside the pool
+
+
+def test_arena_maps_and_unmaps_whole_chunks_inside_a_range_only():
+    a = HostArena(10 * 4096)
+    assert a.unmap(100, 3 * 4096 + 5) == 2 * 4096  # chunks 1 and 2: rounded inward
+    assert a.unmap(0, 4 * 4096) == 2 * 4096  # chunks 0 and 3: 1 and 2 are unmapped already
+    assert a.mapped_bytes() == 6 * 4096
+    assert a.map(0, a.size) == 4 * 4096 and a.map(0, a.size) == 0
+
+
+@pytest.mark.parametrize("layout", ["LBHNC", "BLHNC"])
+def test_vllms_kv_allocation_lands_in_the_arena_and_its_tail_can_be_released(layout):
+    """vLLM's own ``allocate_kv_cache`` (its layer views included), run inside ``kv_pool_in_arena``:
+    every layer's cache lives in the arena, and the blocks above ``base`` of every layer go back."""
+    import vllm.v1.worker.utils as vu
+    from nightjar_worker.memory.kv_pool import kv_pool_in_arena
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    nb, page, base, layers = 64, spec.page_size_bytes, 40, ["l0", "l1"]
+    layer_stride, block_stride = (nb * page, page) if layout.startswith("L") else (page, 2 * page)
+    cfg = KVCacheConfig(
+        num_blocks=nb, kv_cache_groups=[KVCacheGroupSpec(layer_names=layers, kv_cache_spec=spec)],
+        kv_cache_tensors=[KVCacheTensor(size=2 * nb * page, layers=layers, layer_stride=layer_stride,
+                                        block_stride=block_stride)])
+    real = vu.torch
+    with kv_pool_in_arena() as proxy:
+        kv = vu.allocate_kv_cache(cfg, torch.device("cpu"), vu.KVCacheLayout[layout])
+        assert vu.torch.zeros(3, dtype=torch.int8).data_ptr() != proxy.arena.ptr  # only the pool's buffer
+    assert vu.torch is real and isinstance(proxy.arena, HostArena)
+    for t in kv.values():
+        t[:base].fill_(1)
+        t[base:].fill_(2)
+    rel = KVPageReleaser(proxy.arena, list(kv.values()))
+    assert rel.release(base) == 2 * (nb - base) * page  # page (8 KiB) is a multiple of the host chunk
+    for t in kv.values():
+        assert torch.all(t[:base] == 1) and torch.all(t[base:] == 0)
 
 
 def test_block_ranges_cover_every_vllm_layout_and_only_extra_blocks():
     """Blocks on dim 0 with K/V or heads outside them (strided views of one buffer) give one range
     per outer index, each holding exactly the extra blocks' bytes of that index."""
     import torch
-    from nightjar_worker.memory.cuda_vmm import chunks_inside
+    from nightjar_worker.memory.arena import chunks_inside
     from nightjar_worker.memory.kv_elastic import block_ranges
 
     blocks, kv, heads, tok, dim = 8, 2, 2, 16, 64  # one block of one head: 16*64*4 = 4096 bytes
     buf = torch.zeros(kv * blocks * heads * tok * dim, dtype=torch.float32)
     flat = buf.view(kv, blocks, heads, tok, dim)  # K/V outermost (FlashAttention's layout)
-    got = block_ranges(flat.transpose(0, 1), first=5, page=1)  # logical [B, 2, H, N, C]
+    got = block_ranges(flat.transpose(0, 1), first=5)  # logical [B, 2, H, N, C]
     p, bs = buf.data_ptr(), heads * tok * dim * 4
     assert got == [(p + 5 * bs, p + 8 * bs), (p + (8 + 5) * bs, p + 16 * bs)]
-    assert block_ranges(flat[0], first=5, page=1) == [(p + 5 * bs, p + 8 * bs)]  # blocks outermost
+    assert block_ranges(flat[0], first=5) == [(p + 5 * bs, p + 8 * bs)]  # blocks outermost
     heads_out = buf[: heads * blocks * tok * dim].view(heads, blocks, tok, dim).transpose(0, 1)  # heads outside blocks
-    assert len(block_ranges(heads_out, first=6, page=1)) == heads
-    with pytest.raises(NotImplementedError, match="not contiguous"):
-        block_ranges(flat[:, :, :, :8, :].transpose(0, 1), first=5)  # a block with holes
+    assert len(block_ranges(heads_out, first=6)) == heads
+    holes = block_ranges(flat[:, :, :, :8, :].transpose(0, 1), first=5)  # each block leaves a gap: one range per block
+    span = ((heads - 1) * tok + 8) * dim * 4
+    assert holes == [(p + o + b * bs, p + o + b * bs + span) for o in (0, blocks * bs) for b in (5, 6, 7)]
+    assert block_ranges(flat[0], first=8) == []
     assert list(chunks_inside(1, 4 * 2048, 2048)) == [1, 2, 3] and list(chunks_inside(10, 20, 2048)) == []

@@ -11,8 +11,11 @@ import pytest
 import torch
 from nightjar_contract.memory import ElasticMemoryConfig
 from nightjar_worker.memory import worker_agent as wa
+from nightjar_worker.memory.arena import HostArena
+from nightjar_worker.memory.availability import UNAVAILABLE_MESSAGES, unavailable_reason
 from nightjar_worker.memory.config import load_config
 from nightjar_worker.memory.fault import FaultInjector
+from nightjar_worker.memory.kv_pool import ARENA_ATTR
 from nightjar_worker.memory.manager import ElasticMemoryManager
 from nightjar_worker.memory.offload_state import DraftState
 from nightjar_worker.metrics import WorkerMetrics
@@ -28,7 +31,11 @@ class FakeRunner:
         self.model = torch.nn.Linear(8, 8)
         draft = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))  # ~0.5 MB fp32
         self.drafter = types.SimpleNamespace(model=draft)
-        self.kv_caches = [torch.zeros(NBLK, 2, 16, 64, dtype=torch.bfloat16) for _ in range(2)]  # 4 KiB/layer/block
+        self.arena = HostArena(2 * NBLK * 4096)  # where kv_pool.install puts vLLM's KV pool
+        flat = self.arena.tensor().view(torch.bfloat16)
+        self.kv_caches = [flat[i * NBLK * 2048:(i + 1) * NBLK * 2048].view(NBLK, 2, 16, 64)
+                          for i in range(2)]  # 4 KiB/layer/block
+        setattr(self, ARENA_ATTR, self.arena)
         self.drafted = 0
 
     def _input_fits_in_drafter(self, *_):
@@ -76,12 +83,15 @@ def step_until(m, state, gamma=0, n=400, timeout_s=30.0):
 def test_pinned_cycle_moves_the_block_limit(tmp_path):
     m, sched, worker = make(tmp_path, mode="offloaded")
     bp = sched.kv_cache_manager.block_pool
+    arena = worker.model_runner.arena
     assert m.pool.extra == m.draft_bytes // m.block_bytes and m.pool.extra > 0
+    assert arena.mapped_bytes() == arena.size - (NBLK - BASE) * 2 * 4096  # held back = not committed
     d = m.on_step(3)
     assert m.sm.state is DraftState.OFFLOADING and not d.draft_available and d.clamp(3) == 0
     assert not worker.model_runner._input_fits_in_drafter()  # the worker refuses to draft
     d = step_until(m, DraftState.OFFLOADED)
     assert d.allowed_blocks == BASE - 1 + m.pool.extra == bp.get_num_free_blocks()
+    assert arena.mapped_bytes() == arena.size - (NBLK - BASE - m.pool.extra) * 2 * 4096  # mapped before use
     held = bp.get_new_blocks(BASE + 3)  # the scheduler really gets the extra blocks
     m.set_mode("resident")
     m.on_step(3)
@@ -89,6 +99,7 @@ def test_pinned_cycle_moves_the_block_limit(tmp_path):
     bp.free_blocks(held)
     d = step_until(m, DraftState.RESIDENT, gamma=3)
     assert d.draft_available and d.clamp(3) == 3 and d.allowed_blocks == BASE - 1
+    assert arena.mapped_bytes() == arena.size - (NBLK - BASE) * 2 * 4096
     assert worker.model_runner._input_fits_in_drafter()
     names = [(t.src.label, t.dst.label) for t in m.sm.history]
     assert names == [("resident", "offloading"), ("offloading", "offloaded"), ("offloaded", "draining"),
@@ -158,6 +169,16 @@ def test_config_sources_and_errors(tmp_path, monkeypatch):
         load_config({"nightjar_memory": {"mode": "sometimes"}}, environ={})
 
 
+@pytest.mark.parametrize(("cfg", "device", "pool", "reason"), [
+    ({"enabled": True, "allow_unverified_cuda": True}, "cuda", False, None),
+    ({"enabled": True}, "cpu", True, "vllm_memory_pool"),
+    ({"enabled": True, "release_pages": False}, "cpu", True, None),  # nothing to return: sleep mode may own it
+    ({"enabled": False}, "xpu", True, "disabled"),
+])
+def test_unavailable_reasons(cfg, device, pool, reason):
+    assert unavailable_reason(ElasticMemoryConfig(**cfg), device, vllm_memory_pool=pool) == reason
+
+
 @pytest.mark.parametrize(("device", "enabled", "reason"), [
     ("cpu", True, None), ("cpu", False, "disabled"), ("cuda", True, "cuda_kv_release_unverified"),
     ("xpu", True, "unsupported_device"),
@@ -170,11 +191,11 @@ def test_offload_asked_for_where_it_cannot_run_serves_with_the_draft_resident(mo
     monkeypatch.setenv("NIGHTJAR_MEMORY", json.dumps({"enabled": enabled}))
     monkeypatch.setattr(mm, "find_engine_rpc", lambda: (_ for _ in ()).throw(AssertionError("must not start")))
     cfg = types.SimpleNamespace(additional_config=None, device_config=types.SimpleNamespace(device_type=device))
-    assert mm.unavailable_reason(enabled, device) == reason
+    assert unavailable_reason(ElasticMemoryConfig(enabled=enabled), device) == reason
     if reason is None:
         with pytest.raises(AssertionError, match="must not start"):
             ElasticMemoryManager.attach_if_enabled(object(), cfg)
         return
     assert ElasticMemoryManager.attach_if_enabled(object(), cfg) is None
-    assert reason in mm.UNAVAILABLE_MESSAGES
+    assert reason in UNAVAILABLE_MESSAGES
     assert REGISTRY.get_sample_value("nightjar_memory_offload_enabled", {"reason": reason}) == 0

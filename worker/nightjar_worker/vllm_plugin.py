@@ -50,3 +50,6 @@ def register() -> None:
     from nightjar_worker.memory.cpu_packed import install as install_memory_hooks
 
     install_memory_hooks()  # inert unless elastic memory is enabled (memory area)
+    from nightjar_worker.memory.kv_pool import install as install_kv_pool
+
+    install_kv_pool()  # the KV pool in an arena when elastic memory releases pages

@@ -14,74 +14,59 @@ Mechanism (chosen after reading vLLM 0.32: ``v1/core/block_pool.py``, ``v1/core/
   uses them like any other block. Draining: free extra ids are pulled out immediately and ids freed
   later are intercepted as requests finish (or are preempted with recompute after a timeout), so a
   running request never loses a block it holds.
-* Worker side (``KVPageReleaser``): once no request holds an extra block, the pages of the extra
-  range are returned to the OS with ``madvise(MADV_DONTNEED)`` (anonymous memory: the next touch
-  gets a fresh zero page, lazily committed). So the committed bytes are base blocks + draft while
-  resident and at most base + extra blocks without the draft: the budget holds at every moment.
+* Worker side (``KVPageReleaser``): vLLM's KV pool lives in an ``arena.Arena`` (``kv_pool.py``
+  redirects its one backing allocation there). Once no request holds an extra block, the chunks of
+  the extra range are unmapped (CPU: ``madvise(MADV_DONTNEED)``, the next touch gets a fresh zero
+  page; CUDA: ``cuMemUnmap``), and mapped again before the scheduler may use them. So the committed
+  bytes are base blocks + draft while resident and at most base + extra blocks without the draft:
+  the budget holds at every moment.
 
 Why not resize vLLM's ``BlockPool``/``KVCacheManager``? Block ids index the worker's preallocated
 tensors and the block table; growing them means reallocating and rebinding every layer's KV
 tensor in the worker while requests run. Holding ids out of the free queue needs no vLLM change,
 and page release makes the held-out part cost nothing.
 
-CUDA: the scheduler side is identical; releasing device pages needs the pool in CUDA virtual memory
-(``cuda_vmm.py``: unmap and map the extra range's chunks). Until vLLM's KV pool is allocated there,
-CUDA workers run with elastic memory off (``manager.unavailable_reason``), and ``KVPageReleaser``
-refuses a CUDA tensor with a clear error instead of pretending.
+CUDA: the scheduler side is identical; the arena is ``cuda_vmm.VmmArena``. Until that has passed a
+GPU check, CUDA workers run with elastic memory off (``manager.unavailable_reason``).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-log = logging.getLogger("nightjar.memory")
+from .arena import Arena
 
-PAGE = 4096
-MADV_DONTNEED = 4
+log = logging.getLogger("nightjar.memory")
 
 
 # --- pure helpers ------------------------------------------------------------------------------------
-def extra_block_ranges(
-    base_addr: int, block_stride: int, num_blocks: int, first_extra: int, page: int = PAGE
-) -> tuple[int, int] | None:
-    """Page-aligned [start, end) of blocks ``first_extra..num_blocks-1`` of one layer whose blocks
-    are contiguous with ``block_stride`` bytes; ``None`` when no whole page is inside."""
-    if first_extra >= num_blocks:
-        return None
-    start = base_addr + first_extra * block_stride
-    end = base_addr + num_blocks * block_stride
-    start = (start + page - 1) // page * page  # inward: never touch a base block's bytes
-    end = end // page * page
-    return (start, end) if end > start else None
+def block_ranges(t: Any, first: int, stop: int | None = None, block_dim: int = 0) -> list[tuple[int, int]]:
+    """Byte ranges ``[start, end)`` of blocks ``first..stop-1`` (default: all from ``first``) of one KV
+    tensor (blocks along ``block_dim``),
+    not rounded: the arena rounds inward to whole chunks, after the layers' ranges are merged.
 
-
-def block_ranges(t: Any, first: int, page: int = PAGE, block_dim: int = 0) -> list[tuple[int, int]]:
-    """Page-aligned byte ranges of blocks ``first..`` of one KV tensor (blocks along ``block_dim``).
-
-    Dimensions with a larger stride than the block dimension (e.g. K/V or layer outside the blocks
-    in some layouts) split the blocks' bytes into one segment per index; the dimensions inside a
-    block must fill its stride (they do in every vLLM layout), else the bytes between blocks would
-    not be the blocks' own and the tensor is refused."""
-    n = t.shape[block_dim]
+    Dimensions with a larger stride than the block dimension (e.g. K/V outside the blocks) split the
+    blocks' bytes into one range per index. Where a block does not fill its stride (other layers'
+    bytes inside each block: vLLM's block-outermost layouts), every block is a range of its own;
+    merged with the other layers' they become contiguous again."""
+    n = t.shape[block_dim] if stop is None else min(stop, t.shape[block_dim])
+    if first >= n:
+        return []
     bs = t.stride(block_dim) * t.element_size()
     inner = [d for d in range(t.dim()) if d != block_dim and t.stride(d) < t.stride(block_dim)]
     outer = [d for d in range(t.dim()) if d != block_dim and t.stride(d) >= t.stride(block_dim) and t.shape[d] > 1]
     span = t.element_size() * (1 + sum((t.shape[d] - 1) * t.stride(d) for d in inner))
-    if span != bs:
-        raise NotImplementedError(f"kv elastic: blocks of a KV tensor {tuple(t.shape)} strides {t.stride()} are not contiguous")
-    offsets = [0]
+    if span > bs:
+        raise NotImplementedError(f"kv elastic: blocks of a KV tensor {tuple(t.shape)} strides {t.stride()} overlap")
+    starts = [t.data_ptr()]
     for d in outer:
-        offsets = [o + i * t.stride(d) * t.element_size() for o in offsets for i in range(t.shape[d])]
-    out = []
-    for o in offsets:
-        r = extra_block_ranges(t.data_ptr() + o, bs, n, first, page)
-        if r:
-            out.append(r)
-    return out
+        starts = [p + i * t.stride(d) * t.element_size() for p in starts for i in range(t.shape[d])]
+    if span == bs:
+        return [(p + first * bs, p + n * bs) for p in starts]
+    return [(p + b * bs, p + b * bs + span) for p in starts for b in range(first, n)]
 
 
 def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -210,31 +195,36 @@ def requests_holding(kv_cache_manager: Any, requests: Sequence[Any], ids: set[in
 
 # --- worker side -------------------------------------------------------------------------------------
 class KVPageReleaser:
-    """Releases the physical pages of KV blocks >= ``first`` in every layer tensor (CPU)."""
+    """Returns and takes back the memory of KV blocks >= ``first`` in every layer tensor; the
+    tensors live in ``arena`` (``arena.HostArena`` on CPU, ``cuda_vmm.VmmArena`` on CUDA), where
+    ``kv_pool.py`` made vLLM allocate them. ``restore`` runs before the scheduler hands those blocks
+    out again (on CUDA, unmapped device memory faults; on CPU it only does the bookkeeping)."""
 
-    def __init__(self, kv_caches: Sequence[Any], device_type: str) -> None:
-        if device_type != "cpu":
-            raise NotImplementedError(
-                "kv elastic: releasing KV pages on CUDA needs the KV pool in CUDA virtual memory "
-                "(memory/cuda_vmm.py CudaPageReleaser); madvise only works on host memory"
-            )
+    def __init__(self, arena: Arena, kv_caches: Sequence[Any]) -> None:
+        self.arena = arena
         seen: dict[int, Any] = {}
         for t in kv_caches:
+            if not arena.ptr <= t.data_ptr() < arena.ptr + arena.size:
+                raise ValueError("kv elastic: a KV tensor does not live in the KV pool's arena (kv_pool.py)")
             seen.setdefault(t.data_ptr(), t)  # layers may alias the same bytes
         self.layers = list(seen.values())
-        lib = ctypes.util.find_library("c")
-        self._libc = ctypes.CDLL(lib, use_errno=True) if lib else None
-        self._libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.last_s = 0.0
 
-    def ranges(self, first: int) -> list[tuple[int, int]]:
-        return merge_ranges([r for t in self.layers for r in block_ranges(t, first)])
+    def ranges(self, first: int, stop: int | None = None) -> list[tuple[int, int]]:
+        """Byte ranges (offsets in the arena) of blocks ``first..stop-1``."""
+        out = [r for t in self.layers for r in block_ranges(t, first, stop)]
+        return [(s - self.arena.ptr, e - self.arena.ptr) for s, e in merge_ranges(out)]
 
     def release(self, first: int) -> int:
-        """madvise(MADV_DONTNEED) the pages of blocks >= ``first``; returns bytes released."""
-        total = 0
-        for s, e in self.ranges(first):
-            if self._libc.madvise(ctypes.c_void_p(s), ctypes.c_size_t(e - s), MADV_DONTNEED) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"madvise(MADV_DONTNEED) failed on KV range [{s:#x}, {e:#x})")
-            total += e - s
-        return total
+        """Returns the bytes released (their owners must be gone)."""
+        t0 = time.perf_counter()
+        n = sum(self.arena.unmap(s, e) for s, e in self.ranges(first))
+        self.last_s = time.perf_counter() - t0
+        return n
+
+    def restore(self, first: int, stop: int | None = None) -> int:
+        """Map blocks ``first..stop-1`` again (only those the offloaded draft pays for); returns the bytes."""
+        t0 = time.perf_counter()
+        n = sum(self.arena.map(s, e) for s, e in self.ranges(first, stop))
+        self.last_s = time.perf_counter() - t0
+        return n

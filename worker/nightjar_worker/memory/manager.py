@@ -28,6 +28,7 @@ from typing import Any
 from nightjar_contract.memory import ElasticMemoryConfig
 
 from . import worker_agent as wa
+from .availability import UNAVAILABLE_MESSAGES, availability
 from .fault import RetryBackoff
 from .kv_elastic import ElasticBlockPool, plan_extra_blocks, requests_holding
 from .offload_policy import Action, MemoryView, OffloadPolicy
@@ -74,28 +75,6 @@ def find_engine_rpc(max_depth: int = 12) -> Rpc | None:
             return ex.collective_rpc
         f = f.f_back
     return None
-
-
-# Why elastic memory is off although it may have been asked for: the ``reason`` label of
-# ``nightjar_memory_offload_enabled`` and of the operator's ElasticMemory condition.
-UNAVAILABLE_MESSAGES = {
-    "disabled": "not requested (memory.enabled false / offload policy Never)",
-    "cuda_kv_release_unverified": (
-        "returning the offloaded draft's bytes to the KV cache on CUDA needs the KV pool in CUDA virtual "
-        "memory (memory/cuda_vmm.py), which has not passed on a GPU in this build; the draft stays "
-        "resident and speculation still adapts per step"
-    ),
-    "unsupported_device": "elastic memory supports the cpu and cuda devices only",
-}
-
-
-def unavailable_reason(enabled: bool, device_type: str) -> str | None:
-    """None when elastic memory runs on this device, else a key of ``UNAVAILABLE_MESSAGES``."""
-    if not enabled:
-        return "disabled"
-    if device_type == "cpu":
-        return None
-    return "cuda_kv_release_unverified" if device_type == "cuda" else "unsupported_device"
 
 
 class ElasticMemoryManager:
@@ -152,11 +131,7 @@ class ElasticMemoryManager:
     # -- construction from a scheduler ------------------------------------------------------------------
     @classmethod
     def attach_if_enabled(cls, scheduler: Any, vllm_config: Any) -> ElasticMemoryManager | None:
-        from .config import load_config
-
-        cfg = load_config(getattr(vllm_config, "additional_config", None) or {})
-        device = str(getattr(getattr(vllm_config, "device_config", None), "device_type", "cpu") or "cpu")
-        reason = unavailable_reason(cfg.enabled, device)
+        cfg, _, reason = availability(vllm_config)
         m = _metrics()
         if m is not None:
             m.set_offload_enabled(reason is None, reason or "enabled")
@@ -269,7 +244,7 @@ class ElasticMemoryManager:
                     if p["error"]:
                         sm.to(DraftState.RESIDENT, f"offload failed: {p['error']}")
                     else:
-                        pool.set_limit(pool.base + pool.extra)
+                        self._expose_extra()
                         if self.metrics is not None:
                             self.metrics.observe_offload(p["duration_s"])
                         sm.to(DraftState.OFFLOADED, f"weights on host ({p.get('bytes', 0)} bytes copied)")
@@ -305,7 +280,7 @@ class ElasticMemoryManager:
                 "recheck": f"recheck: the KV cache calm (usage of base {view.base_usage:.2f}) after "
                            f"{sm.time_in_state():.0f}s offloaded"}[trigger])
         elif action is Action.CANCEL_DRAIN:
-            pool.set_limit(pool.base + pool.extra)
+            self._expose_extra()
             sm.to(DraftState.OFFLOADED, "pressure returned while draining")
         elif action is Action.CANCEL_RELOAD:
             res, err = self._start(wa.rpc_cancel, "reload cancel")
@@ -334,6 +309,20 @@ class ElasticMemoryManager:
             self._last_step_t = t
         return d
 
+    def _expose_extra(self) -> None:
+        """Let the scheduler use the extra blocks, their memory mapped again first (on CUDA unmapped
+        device memory faults; the draft's weights are off the device by now, so the bytes are there).
+        If mapping fails the limit stays at base: fewer blocks, never a fault."""
+        if self.config.release_pages and self.pool.extra:
+            try:
+                mapped = sum(self.rpc(wa.rpc_restore, args=(self.pool.base, self.pool.base + self.pool.extra)))
+            except Exception as e:  # noqa: BLE001
+                log.warning("nightjar memory: mapping the extra KV blocks' memory failed (%s: %s); serving "
+                            "with the base blocks only", type(e).__name__, e)
+                return
+            self.released_bytes = max(0, self.released_bytes - mapped)
+        self.pool.set_limit(self.pool.base + self.pool.extra)
+
     def _begin_reload(self) -> None:
         pool = self.pool
         if self.config.release_pages and pool.extra:
@@ -352,7 +341,7 @@ class ElasticMemoryManager:
             self.reload_cancels += 1
             if self.metrics is not None:
                 self.metrics.observe_reload_cancel()
-            self.pool.set_limit(self.pool.base + self.pool.extra)
+            self._expose_extra()
             self.sm.to(DraftState.OFFLOADED, f"pressure returned while reloading: reload cancelled after "
                        f"{p['duration_s']:.3f}s, its work discarded")
             return
@@ -371,7 +360,7 @@ class ElasticMemoryManager:
         if self.metrics is not None:
             self.metrics.observe_reload(None, ok=False)
         # Serve autoregressively with the extra blocks again until the retry.
-        self.pool.set_limit(self.pool.base + self.pool.extra)
+        self._expose_extra()
         self.sm.to(DraftState.OFFLOADED, f"reload failed ({reason}); retry in {delay:.1f}s")
         log.warning("nightjar memory: draft reload failed (%s); serving in AR mode, retry in %.1fs", reason, delay)
 

@@ -15,6 +15,7 @@ import logging
 import os
 from typing import Any
 
+from . import kv_pool
 from .fault import FaultInjector
 from .kv_elastic import KVPageReleaser
 from .weight_mover import DraftWeightMover
@@ -52,7 +53,16 @@ class WorkerMemoryAgent:
         self.num_blocks = int(kv[0].shape[0])
         uniq = {t.data_ptr(): t for t in kv}.values()
         self.block_bytes = int(sum(t[0].numel() * t.element_size() for t in uniq))
-        self.releaser = KVPageReleaser(kv, self.device.type) if release_pages else None
+        self.releaser = None
+        if release_pages:
+            arena = getattr(runner, kv_pool.ARENA_ATTR, None)
+            if arena is None:
+                raise RuntimeError(
+                    "elastic memory: vLLM's KV pool was not allocated in a Nightjar arena, so its pages cannot "
+                    "be released (the nightjar vLLM plugin must load in the worker process before the KV cache "
+                    "is allocated: is nightjar-worker installed in this environment?)"
+                )
+            self.releaser = KVPageReleaser(arena, kv)
         self._install_guard()
 
     def _install_guard(self) -> None:
@@ -101,9 +111,15 @@ def rpc_init(worker: Any, host_store: str, offload_dir: str | None, release_page
 
 
 def rpc_release_from(worker: Any, first_block: int) -> int:
-    """Return the pages of KV blocks >= first_block to the OS (their owners must be gone)."""
+    """Return the memory of KV blocks >= first_block (their owners must be gone)."""
     a = _agent(worker)
     return a.releaser.release(first_block) if a.releaser is not None else 0
+
+
+def rpc_restore(worker: Any, first_block: int, stop_block: int) -> int:
+    """Map the memory of KV blocks first_block..stop_block-1 again, before the scheduler may use them."""
+    a = _agent(worker)
+    return a.releaser.restore(first_block, stop_block) if a.releaser is not None else 0
 
 
 def rpc_offload(worker: Any) -> dict[str, Any]:

@@ -1,0 +1,122 @@
+"""Memory at one fixed address whose pieces can be given back and taken again: where the KV pool lives.
+
+Elastic memory keeps vLLM's KV pool at its largest size and returns the bytes of the blocks it holds
+back while the draft is resident. The KV tensors' addresses must never change (vLLM's block tables,
+its attention metadata and CUDA graphs hold them), so the pool is an ``Arena``: ``size`` bytes at
+``ptr`` in ``chunk``-sized pieces; ``unmap`` returns whole chunks' memory to the OS or the device,
+``map`` backs them again at the same addresses. Two implementations behind this one interface:
+
+* ``HostArena`` (CPU): anonymous ``mmap``; ``unmap`` is ``madvise(MADV_DONTNEED)``, ``map`` needs
+  no call (a touched page is committed again, zero-filled).
+* ``cuda_vmm.VmmArena`` (CUDA): a reserved virtual address range backed by physical chunks
+  (``cuMemCreate``/``cuMemMap``); device memory is not committed on touch, so ``map`` must run
+  before the scheduler hands those blocks out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+from typing import Any
+
+PAGE = 4096
+MADV_DONTNEED = 4
+_BACKED, _FREE = b"\x01", b"\x00"
+
+
+def chunks_inside(start: int, end: int, chunk: int) -> range:
+    """Indices of the ``chunk``-sized chunks wholly inside ``[start, end)`` (offsets in the range):
+    rounding inward, a chunk that also holds bytes outside is never touched."""
+    first = -(-start // chunk)
+    last = end // chunk
+    return range(first, max(first, last))
+
+
+class Arena:
+    """``size`` bytes at ``ptr`` in ``chunk``-sized pieces, all backed at first. Offsets are relative
+    to ``ptr``. Subclasses set ``ptr`` and implement ``_back``/``_drop`` for a run of chunks
+    ``[a, b)``; ``_back`` leaves nothing half-mapped when it raises."""
+
+    device_type = "cpu"
+
+    def __init__(self, size: int, chunk: int) -> None:
+        self.chunk = chunk
+        self.size = -(-size // chunk) * chunk
+        self.ptr = 0
+        self._state = bytearray(_BACKED * (self.size // chunk))  # one byte per chunk: C-speed run search
+
+    def _back(self, a: int, b: int) -> None:
+        raise NotImplementedError
+
+    def _drop(self, a: int, b: int) -> None:
+        raise NotImplementedError
+
+    def _runs(self, start: int, end: int, state: bytes) -> list[tuple[int, int]]:
+        """Runs ``[a, b)`` of consecutive chunks inside ``[start, end)`` that are in ``state``."""
+        r = chunks_inside(start, end, self.chunk)
+        other = _FREE if state == _BACKED else _BACKED
+        out, i = [], r.start
+        while i < r.stop:
+            a = self._state.find(state, i, r.stop)
+            if a < 0:
+                break
+            b = self._state.find(other, a, r.stop)
+            b = r.stop if b < 0 else b
+            out.append((a, b))
+            i = b
+        return out
+
+    def map(self, start: int, end: int) -> int:
+        """Back every chunk inside ``[start, end)`` that is not backed; returns the bytes mapped.
+        Their contents are undefined (the caller treats those KV blocks as free)."""
+        n = 0
+        for a, b in self._runs(start, end, _FREE):
+            self._back(a, b)
+            self._state[a:b] = _BACKED * (b - a)
+            n += (b - a) * self.chunk
+        return n
+
+    def unmap(self, start: int, end: int) -> int:
+        """Return the memory of every backed chunk inside ``[start, end)``; the addresses stay
+        reserved. Returns the bytes released. Nothing may touch them until ``map`` (on CUDA it faults)."""
+        n = 0
+        for a, b in self._runs(start, end, _BACKED):
+            self._drop(a, b)
+            self._state[a:b] = _FREE * (b - a)
+            n += (b - a) * self.chunk
+        return n
+
+    def mapped_bytes(self) -> int:
+        return self._state.count(_BACKED) * self.chunk
+
+    def tensor(self) -> Any:
+        """The whole range as a flat uint8 torch tensor on the arena's device (no copy)."""
+        raise NotImplementedError
+
+
+class HostArena(Arena):
+    """Anonymous host memory (CPU KV pools). The mapping lives as long as any tensor made from it."""
+
+    def __init__(self, size: int, chunk: int = PAGE) -> None:
+        import torch
+
+        super().__init__(size, chunk)
+        mm = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._t = torch.frombuffer(mm, dtype=torch.uint8)  # holds the mapping; zero-filled, committed on touch
+        self.ptr = self._t.data_ptr()
+        lib = ctypes.util.find_library("c")
+        self._libc = ctypes.CDLL(lib, use_errno=True)
+        self._libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+    def _back(self, a: int, b: int) -> None:
+        pass  # the next touch commits a zero page
+
+    def _drop(self, a: int, b: int) -> None:
+        s, n = self.ptr + a * self.chunk, (b - a) * self.chunk
+        if self._libc.madvise(ctypes.c_void_p(s), ctypes.c_size_t(n), MADV_DONTNEED) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"madvise(MADV_DONTNEED) failed on KV range [{s:#x}, {s + n:#x})")
+
+    def tensor(self) -> Any:
+        return self._t
