@@ -17,7 +17,7 @@ it runs on a bare GPU machine: ``PYTHONPATH=worker:contract:. python3 -m benchma
    acceptance comes from the real pair measured on CPU (``benchmarks/profiles/cpu-qwen2.5-coder-*``).
 
 Ends with ``RESULT ...``. ``GPU_CHECK_DRY=1`` runs the same code on CPU with tiny shapes (the
-script's own test; no figures mean anything there). ``GPU_CHECK_BUDGET_S`` (default 420) stops the
+script's own test; no figures mean anything there; the KV release runs on a host arena). ``GPU_CHECK_BUDGET_S`` (default 420) stops the
 profile early, marked ``truncated``, rather than overrunning the machine's time.
 """
 
@@ -214,9 +214,31 @@ class Step:
 
 
 # --- 1. KV page release ------------------------------------------------------------------------------
+def free_bytes(device: str) -> int:
+    """Memory the device has free: the driver's count on CUDA; minus this process's RSS on CPU."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.mem_get_info()[0]
+    with open("/proc/self/statm") as f:
+        return -int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _tail_sum_graph(t: torch.Tensor, base: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """A CUDA graph summing blocks >= ``base`` of ``t``: vLLM's graphs keep the KV addresses they captured."""
+    total = torch.zeros((), device=t.device, dtype=torch.float32)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch requires
+        total.copy_(t[:, base:].float().sum())
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        total.copy_(t[:, base:].float().sum())
+    return g, total
+
+
 def check_kv_release(plan: Plan) -> dict:
-    if plan.device != "cuda":
-        return {"skipped": "needs CUDA (cuda_vmm maps device memory)"}
+    """On CUDA the pool is a VmmArena; the dry run (CPU) runs the same steps on a HostArena."""
     from nightjar_worker.memory.kv_elastic import KVPageReleaser
     from nightjar_worker.memory.kv_pool import TorchWithPoolZeros, make_arena
 
@@ -224,7 +246,7 @@ def check_kv_release(plan: Plan) -> dict:
     per_layer = 2 * blocks * BLOCK_TOKENS * s.kv_heads * s.head_dim  # elements: [2, B, N, H, D]
     # the pool's buffer as kv_pool serves vLLM's torch.zeros(size, dtype=int8, device) in the worker
     pool = TorchWithPoolZeros(torch, make_arena)
-    flat = pool.zeros(s.layers * per_layer * 2, dtype=torch.int8, device="cuda").view(torch.bfloat16)
+    flat = pool.zeros(s.layers * per_layer * 2, dtype=torch.int8, device=plan.device).view(torch.bfloat16)
     arena = pool.arena
     layers = [flat[i * per_layer:(i + 1) * per_layer].view(2, blocks, BLOCK_TOKENS, s.kv_heads, s.head_dim)
               for i in range(s.layers)]
@@ -234,23 +256,24 @@ def check_kv_release(plan: Plan) -> dict:
     for t in layers:
         t.normal_()
     base_sum = [float(t[:, :base].float().sum()) for t in layers]
+    graph = _tail_sum_graph(layers[0], base) if plan.device == "cuda" else None
     unmaps, maps, returned = [], [], []
     for _ in range(3):
-        torch.cuda.synchronize()
-        free0 = torch.cuda.mem_get_info()[0]
+        free0 = free_bytes(plan.device)
         released = rel.release(base)
         unmaps.append(rel.last_s)
-        returned.append(torch.cuda.mem_get_info()[0] - free0)
+        returned.append(free_bytes(plan.device) - free0)
         intact_unmapped = [float(t[:, :base].float().sum()) for t in layers] == base_sum
         mapped = rel.restore(base)
         maps.append(rel.last_s)
         for t in layers:
             t[:, base:].fill_(1.0)  # the remapped blocks are usable
-        torch.cuda.synchronize()
+        sync(plan.device)
         intact = intact_unmapped and [float(t[:, :base].float().sum()) for t in layers] == base_sum
         tail_ok = all(float(t[:, base:].float().mean()) == 1.0 for t in layers)
     extra = blocks - base
     out = {
+        "arena": type(arena).__name__,
         "kv_layout": "[2, blocks, 16, kv_heads, head_dim] per layer (FlashAttention), " + s.name,
         "chunk_bytes": arena.chunk, "blocks": blocks, "released_blocks": extra, "block_bytes": block_bytes,
         "released_bytes": released, "mapped_bytes": mapped,
@@ -261,6 +284,12 @@ def check_kv_release(plan: Plan) -> dict:
         "map_s_per_gib": statistics.median(maps) / (mapped / 2**30),
         "base_data_intact": intact, "remapped_blocks_writable": tail_ok,
     }
+    if graph is not None:  # captured before the first unmap, replayed on the remapped chunks
+        g, total = graph
+        g.replay()
+        torch.cuda.synchronize()
+        out["cuda_graph_replays_after_remap"] = float(total) == layers[0][:, base:].numel()
+    del flat, layers, kv, rel
     arena.close()
     return out
 

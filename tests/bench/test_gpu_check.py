@@ -21,7 +21,10 @@ def test_gpu_check_dry_run_writes_loadable_profiles(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1].startswith("RESULT gpu=cpu-dry-run ")
     summary = json.loads((tmp_path / "gpu-check.json").read_text())
-    assert summary["kv_release"] == {"skipped": "needs CUDA (cuda_vmm maps device memory)"}
+    kv = summary["kv_release"]  # the CUDA steps on a host arena: RSS falls by the released blocks' bytes
+    assert kv["arena"] == "HostArena" and kv["base_data_intact"] and kv["remapped_blocks_writable"]
+    assert kv["released_bytes"] == kv["mapped_bytes"] == kv["released_blocks"] * kv["block_bytes"]
+    assert 0.9 < kv["returned_share_of_block"] <= 1.05
     assert summary["offload"]["reload_bytes"] == summary["offload"]["draft_bytes"] > 0
     (path,) = summary["profiles"]
     prof = CostProfile.load(tmp_path / path)

@@ -94,6 +94,9 @@ class Arena:
         """The whole range as a flat uint8 torch tensor on the arena's device (no copy)."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Give the whole range back; no tensor made from it may be used after."""
+
 
 class HostArena(Arena):
     """Anonymous host memory (CPU KV pools). The mapping lives as long as any tensor made from it."""
