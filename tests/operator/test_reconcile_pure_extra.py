@@ -26,6 +26,9 @@ def test_memory_env_is_a_valid_worker_memory_config():
     for given, worker in ((90, 90.0), (0, None)):  # 0: only when the planner asks
         env = json.loads(_memory_env(_spec(offload={"recheckAfterSeconds": given})))
         assert ElasticMemoryConfig.model_validate(env).policy.recheck_after_s == worker
+    assert not cfg.allow_unverified_cuda  # GPU pods keep the draft resident until a GPU check passed
+    env = json.loads(_memory_env(_spec(offload={"allowUnverifiedCuda": True})))
+    assert ElasticMemoryConfig.model_validate(env).allow_unverified_cuda
 
 
 def test_ngram_arms_reach_the_worker_config_and_need_the_nightjar_policy():

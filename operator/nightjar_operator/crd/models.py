@@ -142,6 +142,9 @@ class OffloadSpec(_Model):
     recheck_after_seconds: float | None = Field(None, ge=0)
     """Bring an offloaded draft back after this long with the KV cache calm although the planner does
     not ask for it (its estimates predate the load); 0: only when the planner asks (worker default 30)."""
+    allow_unverified_cuda: bool = False
+    """GPU workers: offload although this build's KV page release in CUDA virtual memory has not passed
+    a GPU check (make gpu-check); without it they keep the draft resident and say why. For testing."""
 
 
 class SecretKeyRef(_Model):

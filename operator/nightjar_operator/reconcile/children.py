@@ -187,7 +187,9 @@ def _memory_env(spec: NightjarDeploymentSpec) -> str:
         policy["kv_usage_low"] = off.kv_usage_low
     if off.recheck_after_seconds is not None:
         policy["recheck_after_s"] = off.recheck_after_seconds or None
-    doc = {"enabled": off.policy == "Auto", "policy": policy}
+    doc: dict[str, Any] = {"enabled": off.policy == "Auto", "policy": policy}
+    if off.allow_unverified_cuda:
+        doc["allow_unverified_cuda"] = True
     ElasticMemoryConfig.model_validate(doc)  # the worker's model: a bad threshold fails here, named
     return json.dumps(doc, sort_keys=True)
 
