@@ -269,11 +269,15 @@ def plot(ticks: list[Tick], segs: list[Segment], path: Path, title: str) -> None
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="nightjar-worker demo", description=__doc__.split("\n")[0])
+
+    def per_pair(i: int) -> str:
+        return ", ".join(f"{pair} {d[i]}" for pair, d in PAIR_DEFAULTS.items())
+
     ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR") or "bundled")
     ap.add_argument("--scale", type=float, default=float(os.environ["DEMO_SCALE"]) if "DEMO_SCALE" in os.environ
-                    else None, help="multiply the load spike's duration (60 s; default 0.6, qwen 0.5)")
-    ap.add_argument("--requests", type=int, help="requests of each low-load segment (default 6, qwen 3)")
-    ap.add_argument("--max-tokens", type=int, help="default 128, qwen 64")
+                    else None, help=f"multiply the load spike's duration (60 s; default: {per_pair(2)})")
+    ap.add_argument("--requests", type=int, help=f"requests of each low-load segment (default: {per_pair(0)})")
+    ap.add_argument("--max-tokens", type=int, help=f"default: {per_pair(1)}")
     ap.add_argument("--max-num-seqs", type=int, default=16, help="the worker's batch limit: the spike exceeds it")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--no-live", action="store_true", help="one line per second instead of an updating line")
