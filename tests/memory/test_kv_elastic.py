@@ -102,6 +102,17 @@ def test_page_releaser_returns_and_maps_back_the_extra_blocks_memory():
         KVPageReleaser(arena, [torch.ones(nblk, 2, 32, 64)])  # a tensor outside the pool
 
 
+def test_restore_maps_whole_chunks_around_the_blocks_the_scheduler_gets():
+    """Chunks larger than a block (CUDA: 2 MiB): release rounds inward, restore outward, so a block
+    that shares its chunk with held-out blocks is backed when the scheduler may use it."""
+    nblk, base, stop = 64, 16, 41  # 8 KiB blocks in 16 KiB chunks: block 40 shares one with block 41
+    arena = HostArena(nblk * 8192, chunk=16384)
+    rel = KVPageReleaser(arena, [arena.tensor().view(torch.bfloat16).view(nblk, 2, 32, 64)])
+    assert rel.release(base) == (nblk - base) * 8192
+    assert rel.restore(base, stop) == 13 * 16384  # chunks 8..20: blocks 16..41
+    assert arena.is_mapped(0, stop * 8192) and not arena.is_mapped(42 * 8192, arena.size)
+
+
 def test_arena_maps_and_unmaps_whole_chunks_inside_a_range_only():
     a = HostArena(10 * 4096)
     assert a.unmap(100, 3 * 4096 + 5) == 2 * 4096  # chunks 1 and 2: rounded inward

@@ -27,10 +27,15 @@ _BACKED, _FREE = b"\x01", b"\x00"
 
 def chunks_inside(start: int, end: int, chunk: int) -> range:
     """Indices of the ``chunk``-sized chunks wholly inside ``[start, end)`` (offsets in the range):
-    rounding inward, a chunk that also holds bytes outside is never touched."""
+    what may be unmapped without touching a byte outside."""
     first = -(-start // chunk)
     last = end // chunk
     return range(first, max(first, last))
+
+
+def chunks_touching(start: int, end: int, chunk: int) -> range:
+    """Indices of the chunks holding any byte of ``[start, end)``: what must be mapped to use it."""
+    return range(start // chunk, max(start // chunk, -(-end // chunk)))
 
 
 class Arena:
@@ -52,9 +57,8 @@ class Arena:
     def _drop(self, a: int, b: int) -> None:
         raise NotImplementedError
 
-    def _runs(self, start: int, end: int, state: bytes) -> list[tuple[int, int]]:
-        """Runs ``[a, b)`` of consecutive chunks inside ``[start, end)`` that are in ``state``."""
-        r = chunks_inside(start, end, self.chunk)
+    def _runs(self, r: range, state: bytes) -> list[tuple[int, int]]:
+        """Runs ``[a, b)`` of consecutive chunks in ``r`` that are in ``state``."""
         other = _FREE if state == _BACKED else _BACKED
         out, i = [], r.start
         while i < r.stop:
@@ -68,20 +72,22 @@ class Arena:
         return out
 
     def map(self, start: int, end: int) -> int:
-        """Back every chunk inside ``[start, end)`` that is not backed; returns the bytes mapped.
+        """Back every chunk holding a byte of ``[start, end)`` that is not backed (rounding outward:
+        a block whose chunk it shares with held-out blocks must be usable); returns the bytes mapped.
         Their contents are undefined (the caller treats those KV blocks as free)."""
         n = 0
-        for a, b in self._runs(start, end, _FREE):
+        for a, b in self._runs(chunks_touching(start, end, self.chunk), _FREE):
             self._back(a, b)
             self._state[a:b] = _BACKED * (b - a)
             n += (b - a) * self.chunk
         return n
 
     def unmap(self, start: int, end: int) -> int:
-        """Return the memory of every backed chunk inside ``[start, end)``; the addresses stay
-        reserved. Returns the bytes released. Nothing may touch them until ``map`` (on CUDA it faults)."""
+        """Return the memory of every backed chunk wholly inside ``[start, end)`` (rounding inward:
+        never a byte outside); the addresses stay reserved. Returns the bytes released. Nothing may
+        touch them until ``map`` (on CUDA it faults)."""
         n = 0
-        for a, b in self._runs(start, end, _BACKED):
+        for a, b in self._runs(chunks_inside(start, end, self.chunk), _BACKED):
             self._drop(a, b)
             self._state[a:b] = _FREE * (b - a)
             n += (b - a) * self.chunk
@@ -89,6 +95,11 @@ class Arena:
 
     def mapped_bytes(self) -> int:
         return self._state.count(_BACKED) * self.chunk
+
+    def is_mapped(self, start: int, end: int) -> bool:
+        """Every byte of ``[start, end)`` backed."""
+        r = chunks_touching(start, end, self.chunk)
+        return self._state.find(_FREE, r.start, r.stop) < 0
 
     def tensor(self) -> Any:
         """The whole range as a flat uint8 torch tensor on the arena's device (no copy)."""

@@ -14,7 +14,8 @@ operation (drop or restore one tail of the pool) behind the CPU path's interface
 driver API does directly; ``cuda-bindings`` (NVIDIA's Python bindings, no compiler) is enough.
 
 Status: exercised by ``make gpu-check`` on a GPU. Until that has passed, CUDA workers run with
-elastic memory off unless the memory config sets ``allow_unverified_cuda`` (``manager.unavailable_reason``).
+elastic memory off unless the memory config sets ``allow_unverified_cuda``
+(``availability.unavailable_reason``).
 """
 
 from __future__ import annotations

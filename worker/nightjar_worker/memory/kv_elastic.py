@@ -27,7 +27,7 @@ tensor in the worker while requests run. Holding ids out of the free queue needs
 and page release makes the held-out part cost nothing.
 
 CUDA: the scheduler side is identical; the arena is ``cuda_vmm.VmmArena``. Until that has passed a
-GPU check, CUDA workers run with elastic memory off (``manager.unavailable_reason``).
+GPU check, CUDA workers run with elastic memory off (``availability.unavailable_reason``).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ log = logging.getLogger("nightjar.memory")
 # --- pure helpers ------------------------------------------------------------------------------------
 def block_ranges(t: Any, first: int, stop: int | None = None, block_dim: int = 0) -> list[tuple[int, int]]:
     """Byte ranges ``[start, end)`` of blocks ``first..stop-1`` (default: all from ``first``) of one KV
-    tensor (blocks along ``block_dim``),
-    not rounded: the arena rounds inward to whole chunks, after the layers' ranges are merged.
+    tensor (blocks along ``block_dim``), not rounded: the arena rounds inward to whole chunks after
+    the layers' ranges are merged.
 
     Dimensions with a larger stride than the block dimension (e.g. K/V outside the blocks) split the
     blocks' bytes into one range per index. Where a block does not fill its stride (other layers'
@@ -225,6 +225,9 @@ class KVPageReleaser:
     def restore(self, first: int, stop: int | None = None) -> int:
         """Map blocks ``first..stop-1`` again (only those the offloaded draft pays for); returns the bytes."""
         t0 = time.perf_counter()
-        n = sum(self.arena.map(s, e) for s, e in self.ranges(first, stop))
+        ranges = self.ranges(first, stop)
+        n = sum(self.arena.map(s, e) for s, e in ranges)
         self.last_s = time.perf_counter() - t0
+        if not all(self.arena.is_mapped(s, e) for s, e in ranges):  # the scheduler is about to use them
+            raise RuntimeError(f"kv elastic: KV blocks {first}..{stop} not fully mapped after restore")
         return n
