@@ -294,6 +294,17 @@ def check_kv_release(plan: Plan) -> dict:
     return out
 
 
+def kv_release_passed(kv: dict) -> bool:
+    """What must hold before CUDA workers may run elastic memory by default (``availability``)."""
+    return (kv.get("returned_share_of_block", 0.0) >= 0.95 and kv.get("base_data_intact") is True
+            and kv.get("remapped_blocks_writable") is True and kv.get("cuda_graph_replays_after_remap", True) is True)
+
+
+def reload_passed(off: dict) -> bool:
+    """The draft's reload stretches no decode step beyond 1.5x the median."""
+    return off["reload_max_step_ratio"] <= 1.5
+
+
 # --- 2. draft offload / reload while decoding ---------------------------------------------------------
 def check_offload(plan: Plan, target: Decoder, draft: Decoder) -> dict:
     from nightjar_worker.memory.weight_mover import DraftWeightMover
@@ -441,6 +452,7 @@ def main() -> int:
         "kv_returned_share": round(kv.get("returned_share_of_block", math.nan), 3),
         "kv_data_intact": kv.get("base_data_intact", "skipped"),
         "kv_unmap_s_per_gib": round(kv.get("unmap_s_per_gib", math.nan), 5),
+        "kv_release_passed": kv_release_passed(kv), "reload_passed": reload_passed(off),
         "offload_gbps": round(off["offload_gb_per_s"], 2), "reload_gbps": round(off["reload_gb_per_s"], 2),
         "reload_max_step_ratio": round(off["reload_max_step_ratio"], 3),
         "verify_b1_g0_ms": round(prof["verify_s"][b1][0] * 1e3, 3),
