@@ -341,7 +341,8 @@ def overview() -> dict[str, Any]:
         "Elastic memory: pods by state",
         "Workers by nightjar_memory_offload_enabled's reason: enabled (they offload and reload the draft), "
         "disabled (offload policy Never), or why the device cannot (cuda_kv_release_unverified: a CUDA "
-        "worker of this build keeps the draft resident; see docs/memory.md).",
+        "worker of this build keeps the draft resident; vllm_memory_pool: vLLM's sleep mode owns the KV "
+        "pool; see docs/memory.md).",
         [target(f"count by (reason) (nightjar_memory_offload_enabled{{{S}}})", "{{reason}}")], unit="short"), w=24)
     L.add(timeseries(
         "KV blocks: total and gained from the draft",
@@ -354,6 +355,12 @@ def overview() -> dict[str, Any]:
         "KV cache usage",
         "Share of KV cache blocks in use (vllm:kv_cache_usage_perc), per worker.",
         [target(f"max by (instance) (vllm:kv_cache_usage_perc{{{S}}})", "{{instance}}")], unit="percentunit"), w=12)
+    L.add(timeseries(
+        "KV memory given back",
+        "Bytes of the KV pool returned (CPU: madvise; CUDA: unmapped) while their blocks are held out: the "
+        "draft's share while it is resident and headroom it does not pay for (nightjar_kv_released_bytes), "
+        "per worker. It falls when the offloaded draft's blocks are mapped for the scheduler.",
+        [target(f"max by (instance) (nightjar_kv_released_bytes{{{S}}})", "{{instance}}")], unit="bytes"), w=24)
 
     # ---- Queue -----------------------------------------------------------------------------------
     L.row("Queue")

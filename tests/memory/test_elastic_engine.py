@@ -148,6 +148,8 @@ def test_offload_reload_with_faults_keeps_serving(elastic):
     init = next(e for e in _trace(trace) if e.get("event") == "init")
     assert init["base_blocks"] == BASE and init["extra_blocks"] >= 2 * BASE, init
     assert init["extra_blocks"] == init["draft_bytes"] // init["block_bytes"]
+    held = (init["total_blocks"] - BASE) * init["block_bytes"]  # given back at start-up (KV pool in a HostArena)
+    assert 0.95 * held <= init["released_bytes"] <= held, init
 
     ref = generate(engine, "res")  # speculative (gamma K) with the draft resident
     steps = [e for e in _trace(trace) if "step" in e]

@@ -86,12 +86,19 @@ def test_pinned_cycle_moves_the_block_limit(tmp_path):
     arena = worker.model_runner.arena
     assert m.pool.extra == m.draft_bytes // m.block_bytes and m.pool.extra > 0
     assert arena.mapped_bytes() == arena.size - (NBLK - BASE) * 2 * 4096  # held back = not committed
+
+    def released_is_reported():
+        given_back = arena.size - arena.mapped_bytes()
+        return m.released_bytes == given_back == REGISTRY.get_sample_value("nightjar_kv_released_bytes")
+
+    assert released_is_reported()
     d = m.on_step(3)
     assert m.sm.state is DraftState.OFFLOADING and not d.draft_available and d.clamp(3) == 0
     assert not worker.model_runner._input_fits_in_drafter()  # the worker refuses to draft
     d = step_until(m, DraftState.OFFLOADED)
     assert d.allowed_blocks == BASE - 1 + m.pool.extra == bp.get_num_free_blocks()
     assert arena.mapped_bytes() == arena.size - (NBLK - BASE - m.pool.extra) * 2 * 4096  # mapped before use
+    assert released_is_reported()
     held = bp.get_new_blocks(BASE + 3)  # the scheduler really gets the extra blocks
     m.set_mode("resident")
     m.on_step(3)
@@ -100,6 +107,7 @@ def test_pinned_cycle_moves_the_block_limit(tmp_path):
     d = step_until(m, DraftState.RESIDENT, gamma=3)
     assert d.draft_available and d.clamp(3) == 3 and d.allowed_blocks == BASE - 1
     assert arena.mapped_bytes() == arena.size - (NBLK - BASE) * 2 * 4096
+    assert released_is_reported()
     assert worker.model_runner._input_fits_in_drafter()
     names = [(t.src.label, t.dst.label) for t in m.sm.history]
     assert names == [("resident", "offloading"), ("offloading", "offloaded"), ("offloaded", "draining"),

@@ -147,6 +147,11 @@ kv_blocks_total = Gauge("nightjar_kv_blocks_total", "KV cache blocks available t
 kv_blocks_extra = Gauge(
     "nightjar_kv_blocks_extra", "KV blocks gained from the offloaded draft's bytes", multiprocess_mode=_MP
 )
+kv_released_bytes = Gauge(
+    "nightjar_kv_released_bytes",
+    "Bytes of the KV pool given back while their blocks are held out (CPU: madvise; CUDA: unmapped)",
+    multiprocess_mode=_MP,
+)
 
 
 class WorkerMetrics:
@@ -275,6 +280,9 @@ class WorkerMetrics:
     def set_kv_blocks(self, total: int, extra: int = 0) -> None:
         kv_blocks_total.set(total)
         kv_blocks_extra.set(extra)
+
+    def set_kv_released_bytes(self, n: int) -> None:
+        kv_released_bytes.set(n)
 
 
 def _iter_snapshot(snapshot: Any) -> Iterable[tuple[int, int, float | None, float]]:

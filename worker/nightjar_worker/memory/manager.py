@@ -101,9 +101,9 @@ class ElasticMemoryManager:
         min_base = -(-int(getattr(scheduler, "max_model_len", 0) or block_size) // block_size)
         base, extra = plan_extra_blocks(total, config.base_blocks, self.draft_bytes, self.block_bytes, min_base)
         self.pool = ElasticBlockPool(block_pool, base, extra)
-        self.released_bytes = 0
+        self.released_bytes = 0  # of the KV pool, given back now (nightjar_kv_released_bytes)
         if config.release_pages:  # the held-back part of the pool costs no memory from now on
-            self.released_bytes = sum(rpc(wa.rpc_release_from, args=(base,)))
+            self._count_released(sum(rpc(wa.rpc_release_from, args=(base,))))
         self.policy = OffloadPolicy(config.policy)
         self.backoff = RetryBackoff(config.backoff)
         self.sm = DraftStateMachine(clock=clock)
@@ -320,18 +320,25 @@ class ElasticMemoryManager:
                 log.warning("nightjar memory: mapping the extra KV blocks' memory failed (%s: %s); serving "
                             "with the base blocks only", type(e).__name__, e)
                 return
-            self.released_bytes = max(0, self.released_bytes - mapped)
+            self._count_released(-mapped)
         self.pool.set_limit(self.pool.base + self.pool.extra)
+
+    def _count_released(self, delta: int) -> None:
+        self.released_bytes = max(0, self.released_bytes + delta)
+        if self.metrics is not None:
+            self.metrics.set_kv_released_bytes(self.released_bytes)
 
     def _begin_reload(self) -> None:
         pool = self.pool
+        released = 0
         if self.config.release_pages and pool.extra:
             try:
-                self.released_bytes = sum(self.rpc(wa.rpc_release_from, args=(pool.base,)))
+                released = sum(self.rpc(wa.rpc_release_from, args=(pool.base,)))
             except Exception as e:  # noqa: BLE001
                 self._reload_failed(f"releasing KV pages: {type(e).__name__}: {e}", self.clock())
                 return
-        self.sm.to(DraftState.RELOADING, f"extra blocks drained, {self.released_bytes} bytes of KV pages released")
+            self._count_released(released)
+        self.sm.to(DraftState.RELOADING, f"extra blocks drained, {released} bytes of KV pages released")
         _, err = self._start(wa.rpc_reload, "reload", args=(self.config.reload_slice_s, self.config.reload_slice_bytes))
         if err:
             self._reload_failed(err, self.clock())
@@ -392,6 +399,7 @@ class ElasticMemoryManager:
             "block_bytes": self.block_bytes,
             "reload_failures": self.reload_failures,
             "reload_cancels": self.reload_cancels,
+            "released_bytes": self.released_bytes,
             "last_reload_s": self.last_reload_s,
             "worker": self.worker_info,
         }
