@@ -43,7 +43,7 @@ class Arena:
     to ``ptr``. Subclasses set ``ptr`` and implement ``_back``/``_drop`` for a run of chunks
     ``[a, b)``; ``_back`` leaves nothing half-mapped when it raises."""
 
-    device_type = "cpu"
+    zero_filled = False  # fresh memory reads as zeros
 
     def __init__(self, size: int, chunk: int) -> None:
         self.chunk = chunk
@@ -111,6 +111,8 @@ class Arena:
 
 class HostArena(Arena):
     """Anonymous host memory (CPU KV pools). The mapping lives as long as any tensor made from it."""
+
+    zero_filled = True  # and committed only when touched: held-back blocks never cost memory
 
     def __init__(self, size: int, chunk: int = PAGE) -> None:
         import torch

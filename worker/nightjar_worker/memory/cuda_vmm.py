@@ -48,8 +48,6 @@ class VmmArena(Arena):
     """``size`` bytes of device memory at one fixed virtual address, in chunks of the allocation
     granularity (2 MiB on current GPUs) or a multiple of it."""
 
-    device_type = "cuda"
-
     def __init__(self, size: int, device: int = 0, chunk: int | None = None) -> None:
         import torch
 

@@ -62,7 +62,8 @@ class TorchWithPoolZeros:
         n = int(size[0])
         self.arena = self._make(n, device)
         buf = self.arena.tensor()[:n].view(torch.int8)
-        buf.zero_()  # new device memory is undefined; vLLM's pool starts zeroed
+        if not self.arena.zero_filled:
+            buf.zero_()  # new device memory is undefined; vLLM's pool starts zeroed
         return buf
 
 
