@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap
+from collections.abc import Callable
 from typing import Any
 
 PAGE = 4096
@@ -71,27 +72,26 @@ class Arena:
             i = b
         return out
 
+    def _flip(self, r: range, state: bytes, op: Callable[[int, int], None], new: bytes) -> int:
+        """``op`` on each run of chunks in ``r`` that are in ``state``, which are then ``new``; bytes done."""
+        n = 0
+        for a, b in self._runs(r, state):
+            op(a, b)
+            self._state[a:b] = new * (b - a)
+            n += (b - a) * self.chunk
+        return n
+
     def map(self, start: int, end: int) -> int:
         """Back every chunk holding a byte of ``[start, end)`` that is not backed (rounding outward:
         a block whose chunk it shares with held-out blocks must be usable); returns the bytes mapped.
         Their contents are undefined (the caller treats those KV blocks as free)."""
-        n = 0
-        for a, b in self._runs(chunks_touching(start, end, self.chunk), _FREE):
-            self._back(a, b)
-            self._state[a:b] = _BACKED * (b - a)
-            n += (b - a) * self.chunk
-        return n
+        return self._flip(chunks_touching(start, end, self.chunk), _FREE, self._back, _BACKED)
 
     def unmap(self, start: int, end: int) -> int:
         """Return the memory of every backed chunk wholly inside ``[start, end)`` (rounding inward:
         never a byte outside); the addresses stay reserved. Returns the bytes released. Nothing may
         touch them until ``map`` (on CUDA it faults)."""
-        n = 0
-        for a, b in self._runs(chunks_inside(start, end, self.chunk), _BACKED):
-            self._drop(a, b)
-            self._state[a:b] = _FREE * (b - a)
-            n += (b - a) * self.chunk
-        return n
+        return self._flip(chunks_inside(start, end, self.chunk), _BACKED, self._drop, _FREE)
 
     def mapped_bytes(self) -> int:
         return self._state.count(_BACKED) * self.chunk
