@@ -323,6 +323,45 @@ def test_pod_overrides_reach_the_pods_and_a_refused_one_names_its_field(cl: Clus
     assert_clean(runner.output)
 
 
+def test_the_gpu_sample_reaches_gpu_pods_with_its_hub_token_and_cache(cl: Cluster):
+    """manifests/samples/gpu-pair.yaml, with a token Secret, through the operator to the pods the
+    controllers create: the sample's image, the Hub ids as vLLM's model arguments, HF_TOKEN from the
+    Secret, the cache volume under HF_HOME, one GPU per pod counted by the scheduler, and a GPU
+    pool replaced in place (no surge pod that would need a spare GPU)."""
+    doc = yaml.safe_load((ROOT / "manifests/samples/gpu-pair.yaml").read_text())
+    name, spec = doc["metadata"]["name"], doc["spec"]
+    spec["hub"] = {"tokenSecretRef": {"name": "hf-token"}}
+    cl.k8s.kubectl("create", "secret", "generic", "hf-token", "-n", cl.ns, "--from-literal=HF_TOKEN=hf_test")
+    with KopfRunner(RUN_ARGS, timeout=60) as runner:
+        cl.apply(doc)
+        cl.wait_ready(name, replicas=spec["replicas"])
+        dep = cl.child("Deployment", name)
+        assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+        pods = cl.listing("Pod", f"nightjar.dev/deployment={name}")
+        assert len(pods) == spec["replicas"] and all(p["spec"].get("nodeName") for p in pods)
+        ps = pods[0]["spec"]
+        worker = ps["containers"][0]
+        assert worker["image"] == spec["image"]
+        assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1" == worker["resources"]["requests"]["nvidia.com/gpu"]
+        args = worker["args"]
+        assert args[args.index("--model") + 1] == "Qwen/Qwen2.5-7B-Instruct"
+        assert args[args.index("--draft") + 1] == "Qwen/Qwen2.5-0.5B-Instruct"
+        assert args[-2:] == spec["vllmArgs"]
+        # CUDA graphs and async scheduling are the worker's decision from the device it finds
+        # (engine/engine_args.py): the operator never forces eager mode on a GPU pod.
+        assert "--enforce-eager" not in args
+        env = {e["name"]: e for e in worker["env"]}
+        assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN"}}
+        assert json.loads(env["NIGHTJAR_MEMORY"]["value"]) == {
+            "enabled": True, "policy": {"kv_usage_high": 0.9, "kv_usage_low": 0.7}}
+        assert {"name": "cache", "emptyDir": {"sizeLimit": "40Gi"}} in ps["volumes"]
+        cache_mount = next(m for m in worker["volumeMounts"] if m["name"] == "cache")["mountPath"]
+        assert env["HF_HOME"]["value"].startswith(cache_mount + "/")
+        delete_and_wait(cl, name)
+    assert runner.exit_code == 0
+    assert_clean(runner.output)
+
+
 def test_disruption_budget_follows_the_replicas(cl: Cluster):
     """A PodDisruptionBudget over the pool while replicas > 1 (in the policy version the apiserver
     serves); gone at one replica or when turned off; a foreign one of the same name is left alone."""
