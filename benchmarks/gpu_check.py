@@ -223,18 +223,29 @@ def free_bytes(device: str) -> int:
         return -int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _tail_sum_graph(t: torch.Tensor, base: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """A CUDA graph summing blocks >= ``base`` of ``t``: vLLM's graphs keep the KV addresses they captured."""
-    total = torch.zeros((), device=t.device, dtype=torch.float32)
+def _ones(t: torch.Tensor) -> torch.Tensor:
+    """How many elements of ``t`` are 1, counted in int64 (exact, unlike a float sum of 2**25 ones)."""
+    return (t == 1).sum()
+
+
+def _tail_count_graph(t: torch.Tensor, base: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """A CUDA graph counting the ones in blocks >= ``base`` of ``t``: vLLM's graphs keep the KV
+    addresses they captured."""
+    total = torch.zeros((), device=t.device, dtype=torch.int64)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the capture stream, as torch requires
-        total.copy_(t[:, base:].float().sum())
+        total.copy_(_ones(t[:, base:]))
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        total.copy_(t[:, base:].float().sum())
+        total.copy_(_ones(t[:, base:]))
     return g, total
+
+
+def _heads_equal(layers: list[torch.Tensor], saved: list[torch.Tensor], base: int) -> bool:
+    """Blocks < ``base`` of every layer hold exactly what was saved."""
+    return all(torch.equal(t[:, :base], x) for t, x in zip(layers, saved, strict=True))
 
 
 def check_kv_release(plan: Plan) -> dict:
@@ -255,22 +266,22 @@ def check_kv_release(plan: Plan) -> dict:
     block_bytes = 2 * BLOCK_TOKENS * s.kv_heads * s.head_dim * 2 * s.layers
     for t in layers:
         t.normal_()
-    base_sum = [float(t[:, :base].float().sum()) for t in layers]
-    graph = _tail_sum_graph(layers[0], base) if plan.device == "cuda" else None
+    saved = [t[:, :base].clone() for t in layers]  # compared exactly: no float sums that could round
+    graph = _tail_count_graph(layers[0], base) if plan.device == "cuda" else None
     unmaps, maps, returned = [], [], []
     for _ in range(3):
         free0 = free_bytes(plan.device)
         released = rel.release(base)
         unmaps.append(rel.last_s)
         returned.append(free_bytes(plan.device) - free0)
-        intact_unmapped = [float(t[:, :base].float().sum()) for t in layers] == base_sum
+        intact_unmapped = _heads_equal(layers, saved, base)
         mapped = rel.restore(base)
         maps.append(rel.last_s)
         for t in layers:
             t[:, base:].fill_(1.0)  # the remapped blocks are usable
         sync(plan.device)
-        intact = intact_unmapped and [float(t[:, :base].float().sum()) for t in layers] == base_sum
-        tail_ok = all(float(t[:, base:].float().mean()) == 1.0 for t in layers)
+        intact = intact_unmapped and _heads_equal(layers, saved, base)
+        tail_ok = all(int(_ones(t[:, base:])) == t[:, base:].numel() for t in layers)
     extra = blocks - base
     out = {
         "arena": type(arena).__name__,
@@ -288,8 +299,8 @@ def check_kv_release(plan: Plan) -> dict:
         g, total = graph
         g.replay()
         torch.cuda.synchronize()
-        out["cuda_graph_replays_after_remap"] = float(total) == layers[0][:, base:].numel()
-    del flat, layers, kv, rel
+        out["cuda_graph_replays_after_remap"] = int(total) == layers[0][:, base:].numel()
+    del flat, layers, kv, rel, saved
     arena.close()
     return out
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .arena import Arena
+from .arena import _FREE, Arena
 
 
 def _driver() -> Any:
@@ -103,9 +103,18 @@ class VmmArena(Arena):
         import torch
 
         torch.cuda.synchronize(self.device)  # no kernel may still read or write these pages
-        _check(self.cu.cuMemUnmap(self.cu.CUdeviceptr(self.ptr + a * self.chunk), (b - a) * self.chunk))
-        for i in range(a, b):
-            _check(self.cu.cuMemRelease(self._handles.pop(i)))
+        # One unmap per chunk, as each was mapped: cuMemUnmap must cover exactly what a cuMemMap
+        # mapped (a range spanning several mappings is not documented to work; PyTorch's
+        # expandable segments unmap per handle too).
+        cu, done = self.cu, a
+        try:
+            for i in range(a, b):
+                _check(cu.cuMemUnmap(cu.CUdeviceptr(self.ptr + i * self.chunk), self.chunk))
+                done = i + 1
+                _check(cu.cuMemRelease(self._handles.pop(i)))
+        except BaseException:  # the chunks already unmapped are free: a later map backs them again
+            self._state[a:done] = _FREE * (done - a)
+            raise
 
     def tensor(self) -> Any:
         """The whole range as a flat uint8 torch tensor (no copy; the arena must outlive it)."""
