@@ -42,7 +42,8 @@ def chunks_touching(start: int, end: int, chunk: int) -> range:
 class Arena:
     """``size`` bytes at ``ptr`` in ``chunk``-sized pieces, all backed at first. Offsets are relative
     to ``ptr``. Subclasses set ``ptr`` and implement ``_back``/``_drop`` for a run of chunks
-    ``[a, b)``; ``_back`` leaves nothing half-mapped when it raises."""
+    ``[a, b)``; ``_back`` leaves nothing half-mapped when it raises, and ``_drop`` marks the chunks it
+    had freed before it raised."""
 
     zero_filled = False  # fresh memory reads as zeros
 
