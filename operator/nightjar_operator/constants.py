@@ -12,6 +12,8 @@ SHORT_NAMES = ["njd"]
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 OPERATOR_NAME = "nightjar-operator"
+# fieldManager of every write to a child: with our labels, how an orphaned child is recognised.
+FIELD_MANAGER = OPERATOR_NAME
 
 # Labels on every child object and on the worker pods.
 LABEL_NAME = "app.kubernetes.io/name"

@@ -40,6 +40,13 @@ class OperatorMetrics:
             ["kind", "action"],
             registry=registry,
         )
+        self.child_conflicts = Counter(
+            "nightjar_operator_child_conflicts_total",
+            "Reconciles that found a child's name taken by an object the operator did not create (left "
+            "untouched; Degraded=Conflict)",
+            ["kind"],
+            registry=registry,
+        )
         self.status_writes = Counter(
             "nightjar_operator_status_writes_total",
             "Status patches of NightjarDeployments (only written when the status changed)",

@@ -304,16 +304,16 @@ def test_pod_overrides_reach_the_pods_and_a_refused_one_names_its_field(cl: Clus
         assert any(m["mountPath"] == "/var/scratch" for m in worker["volumeMounts"])
         before = children_snapshot(cl, name)
 
-        # A hostPath without a path passes the CRD schema (core/v1 objects are kept whole) and the
-        # operator's checks; the apiserver refuses the Deployment.
-        cl.patch(name, {"pod": {**pod, "volumes": [{"name": "scratch", "hostPath": {"type": "Directory"}}]}})
+        # A claim volume without a claimName passes the CRD schema (core/v1 objects are kept whole)
+        # and the operator's checks; the apiserver refuses the Deployment.
+        cl.patch(name, {"pod": {**pod, "volumes": [{"name": "scratch", "persistentVolumeClaim": {"readOnly": True}}]}})
 
         def rejected() -> dict[str, Any] | None:
             deg = condition(cl.njd(name), "Degraded")
             return deg if deg.get("reason") == "ChildRejected" else None
 
         deg = wait_for(rejected, 60, "Degraded=ChildRejected")
-        assert deg["status"] == "True" and "spec.pod.volumes[0].hostPath.path" in deg["message"], deg
+        assert deg["status"] == "True" and "spec.pod.volumes[0].persistentVolumeClaim.claimName" in deg["message"], deg
         assert condition(cl.njd(name), "Ready")["reason"] == "ChildRejected"
         assert children_snapshot(cl, name) == before  # the running pods are left as they were
         cl.patch(name, {"pod": pod})

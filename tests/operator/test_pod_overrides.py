@@ -25,7 +25,7 @@ OVERRIDES = {
     "annotations": {"sidecar.istio.io/inject": "false"},
     "env": [{"name": "TRANSFORMERS_VERBOSITY", "value": "error"},
             {"name": "S3_KEY", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "key"}}}],
-    "envFrom": [{"configMapRef": {"name": "proxy-settings"}}],
+    "envFrom": [{"configMapRef": {"name": "app-settings"}, "prefix": "APP_"}],
     "volumes": [{"name": "extra-cache", "persistentVolumeClaim": {"claimName": "compile-cache"}}],
     "volumeMounts": [{"name": "extra-cache", "mountPath": "/var/lib/extra"}],
 }
@@ -55,7 +55,7 @@ def test_overrides_render_into_the_worker_pod(raw_spec):
     assert dep["spec"]["template"]["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
     names = [e["name"] for e in ctr["env"]]
     assert names[0] == "NIGHTJAR_CONFIG" and names[-2:] == ["TRANSFORMERS_VERBOSITY", "S3_KEY"]
-    assert ctr["envFrom"] == [{"configMapRef": {"name": "proxy-settings"}}]
+    assert ctr["envFrom"] == [{"configMapRef": {"name": "app-settings"}, "prefix": "APP_"}]
     assert pod["volumes"][-1]["name"] == "extra-cache" and ctr["volumeMounts"][-1]["mountPath"] == "/var/lib/extra"
     assert ctr["resources"]["limits"]["amd.com/gpu"] == "2" and "nvidia.com/gpu" not in str(ctr["resources"])
     # The 422 of the apiserver names the rendered field; the condition names the spec field.

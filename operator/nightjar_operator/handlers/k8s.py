@@ -131,11 +131,14 @@ class Api:
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
-        return self.request("POST", self.path(obj["kind"], meta["namespace"]), obj)
+        # Our fieldManager in managedFields: with our labels, how an orphaned child is recognised
+        # as the operator's (reconcile/diff.made_by_operator).
+        return self.request("POST", self.path(obj["kind"], meta["namespace"]), obj, query={"fieldManager": c.FIELD_MANAGER})
 
     def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
-        return self.request("PUT", self.path(obj["kind"], meta["namespace"], meta["name"]), obj)
+        return self.request("PUT", self.path(obj["kind"], meta["namespace"], meta["name"]), obj,
+                            query={"fieldManager": c.FIELD_MANAGER})
 
     def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about ``body`` (what ``kubectl describe`` shows). Events are auxiliary: a

@@ -23,11 +23,12 @@ from kubernetes.client.exceptions import ApiException
 from nightjar_operator import constants as c
 from nightjar_operator.fleet.rollout import candidate_weight, stable_spec
 from nightjar_operator.handlers.k8s import Api, api_error_reason, namespace_terminating
+from nightjar_operator.handlers.settings import pod_policy
 from nightjar_operator.metrics import metrics
 from nightjar_operator.reconcile.autoscaling import KEDA_VERSION, desired_autoscaler
 from nightjar_operator.reconcile.children import Owner, desired_children, override_field
 from nightjar_operator.reconcile.config import live_priors
-from nightjar_operator.reconcile.diff import Action, differences, plan, update_body
+from nightjar_operator.reconcile.diff import Action, conflict_message, differences, plan, update_body
 from nightjar_operator.reconcile.routing import (
     GATEWAY_VERSION,
     POOL_VERSION,
@@ -43,7 +44,7 @@ from nightjar_operator.reconcile.status import (
     pod_problems,
     status_patch,
 )
-from nightjar_operator.reconcile.validate import parse_spec, semantic_errors
+from nightjar_operator.reconcile.validate import validate
 
 log = logging.getLogger("nightjar.operator")
 
@@ -104,8 +105,10 @@ def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None,
     m = metrics()
     if action is Action.NONE:
         return live
-    if action is Action.CONFLICT:
-        observed.conflicts.append(f"{kind} {name} exists and is controlled by another owner")
+    if action is Action.CONFLICT:  # appeared since the reconcile looked (see conflicts())
+        assert live is not None
+        observed.conflicts.append(conflict_message(live))
+        m.child_conflicts.labels(kind).inc()
         return None
     if action is Action.CREATE:
         try:
@@ -144,6 +147,19 @@ def _apply_child(api: Api, desired: dict[str, Any], live: dict[str, Any] | None,
 
 
 Key = tuple[str, str]  # (kind, name) of a child
+
+
+def conflicts(wanted: list[dict[str, Any]], live: dict[Key, dict[str, Any] | None], owner: Owner) -> list[str]:
+    """Children whose name is taken by an object that is not ours: the reconcile then writes
+    nothing at all (a Deployment mounting someone else's ConfigMap, or pods behind someone else's
+    Service, would be worse than no pool), and Degraded=Conflict names each object."""
+    out = []
+    for desired in wanted:
+        obj = live.get((desired["kind"], desired["metadata"]["name"]))
+        if obj is not None and plan(desired, obj, owner.uid) is Action.CONFLICT:
+            out.append(conflict_message(obj))
+            metrics().child_conflicts.labels(desired["kind"]).inc()
+    return out
 
 
 def _delete_unwanted(api: Api, live: dict[Key, dict[str, Any] | None], wanted: set[Key], owner: Owner) -> None:
@@ -202,9 +218,7 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
     result = "error"
     try:
         with _lock(owner.uid):
-            spec, errors = parse_spec(body.get("spec"))
-            if spec is not None:
-                errors = semantic_errors(spec, owner.name)
+            spec, errors = validate(body.get("spec"), owner.name, pod_policy())
             cm_key, dep_key = ("ConfigMap", c.config_map_name(owner.name)), ("Deployment", c.deployment_name(owner.name))
             fixed = (cm_key, dep_key, ("Service", c.service_name(owner.name)), ("PodDisruptionBudget", c.pdb_name(owner.name)))
             live: dict[Key, dict[str, Any] | None] = {(k, n): api.get(k, owner.namespace, n) for k, n in fixed}
@@ -239,10 +253,12 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
                 if (refused := _forbidden(scalers, forbidden, "spec.autoscaling.engine", "operator.autoscaling")) is not None:
                     scalers, observed.autoscaling = [], refused
                 wanted += scalers + routes
-                for desired in wanted:
+                observed.conflicts = conflicts(wanted, live, owner)
+                for desired in wanted if not observed.conflicts else []:
                     key = (desired["kind"], desired["metadata"]["name"])
                     live[key] = _apply_child(api, desired, live.get(key), owner, body, observed)
-                _delete_unwanted(api, live, {(d["kind"], d["metadata"]["name"]) for d in wanted}, owner)
+                if not observed.conflicts:
+                    _delete_unwanted(api, live, {(d["kind"], d["metadata"]["name"]) for d in wanted}, owner)
                 result = "conflict" if observed.conflicts else "ok"
             dep = live[dep_key]
             observed.deployment = dep if dep is not None and any(

@@ -11,8 +11,17 @@ import kopf
 from nightjar_operator import constants as c
 from nightjar_operator import metrics as metrics_mod
 from nightjar_operator.handlers.k8s import Api, make_api_client
+from nightjar_operator.reconcile.validate import PodPolicy
 
 ENV_METRICS_PORT = "NIGHTJAR_OPERATOR_METRICS_PORT"
+# Volume types (and "serviceAccountToken" for projected volumes) a cluster admin allows CRs beyond
+# the default allowlist: chart value operator.podPolicy.extraVolumeTypes.
+ENV_EXTRA_VOLUME_TYPES = "NIGHTJAR_POD_EXTRA_VOLUME_TYPES"
+
+
+def pod_policy() -> PodPolicy:
+    """The admin's pod policy; the reconcile and the admission webhook read the same one."""
+    return PodPolicy.parse(os.environ.get(ENV_EXTRA_VOLUME_TYPES))
 
 
 def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:

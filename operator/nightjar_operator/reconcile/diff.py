@@ -107,17 +107,52 @@ def differences(desired: Any, live: Any, path: str = "", depth: int = 6) -> list
     return [path or "<root>"]
 
 
+def _controller(live: dict[str, Any]) -> dict[str, Any] | None:
+    return next((r for r in live.get("metadata", {}).get("ownerReferences") or [] if r.get("controller")), None)
+
+
 def owned_by(live: dict[str, Any], owner_uid: str) -> bool:
-    return any(ref.get("uid") == owner_uid for ref in (live.get("metadata", {}).get("ownerReferences") or []))
+    """Controlled by this NightjarDeployment (its uid in the controller owner reference)."""
+    ref = _controller(live)
+    return ref is not None and ref.get("uid") == owner_uid
+
+
+def made_by_operator(live: dict[str, Any], owner_name: str) -> bool:
+    """Written by this operator for a NightjarDeployment of this name: our labels *and* our field
+    manager in managedFields (an object orphaned by ``kubectl delete --cascade=orphan`` keeps both).
+    Labels alone are not proof (a chart can copy them); a managedFields entry under our manager is
+    only there if the operator wrote the object, or someone who could edit it anyway forged it."""
+    meta = live.get("metadata", {})
+    labels = meta.get("labels") or {}
+    if labels.get(c.LABEL_MANAGED_BY) != c.OPERATOR_NAME or labels.get(c.LABEL_DEPLOYMENT) != owner_name:
+        return False
+    return any(f.get("manager") == c.FIELD_MANAGER for f in meta.get("managedFields") or [])
 
 
 def adoptable(live: dict[str, Any], owner_name: str) -> bool:
-    """Ours by name: no controller, or a NightjarDeployment of the same name (a recreated owner)."""
-    for ref in live.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return bool(ref.get("kind") == c.KIND and ref.get("name") == owner_name
-                        and str(ref.get("apiVersion", "")).startswith(c.GROUP))
-    return True
+    """Ours although not controlled by this owner's uid: controlled by an earlier NightjarDeployment
+    of the same name (deleted and recreated before the garbage collector ran), or orphaned from one
+    (``made_by_operator``). Anything else of the name (a Helm chart's Service, a hand-made
+    ConfigMap) is someone else's and is never written: whoever may create a NightjarDeployment must
+    not be able to replace objects they could not edit themselves."""
+    ref = _controller(live)
+    if ref is not None:
+        return bool(ref.get("kind") == c.KIND and ref.get("name") == owner_name
+                    and str(ref.get("apiVersion", "")).startswith(c.GROUP + "/"))
+    return made_by_operator(live, owner_name)
+
+
+def conflict_message(live: dict[str, Any]) -> str:
+    """One line naming the object in the way and who holds it (for the Degraded condition)."""
+    meta = live.get("metadata", {})
+    ref = _controller(live)
+    if ref is not None:
+        held = f"controlled by {ref.get('kind')} {ref.get('name')}"
+    else:
+        manager = (meta.get("labels") or {}).get(c.LABEL_MANAGED_BY)
+        held = f"not created by {c.OPERATOR_NAME}" + (f" (managed-by {manager})" if manager else "")
+    return (f"{live.get('kind')} {meta.get('namespace')}/{meta.get('name')} exists and is {held}: "
+            "left untouched; rename the NightjarDeployment or remove that object")
 
 
 def plan(desired: dict[str, Any], live: dict[str, Any] | None, owner_uid: str) -> Action:

@@ -141,7 +141,7 @@ def compute_status(body: dict[str, Any], observed: Observed, now: str | None = N
     # Degraded: what the Deployment controller reports as stuck, or a name clash.
     degraded = ("False", "AsExpected", "no failure reported")
     if observed.conflicts:
-        degraded = ("True", "ChildConflict", "; ".join(observed.conflicts))
+        degraded = ("True", "Conflict", "; ".join(observed.conflicts))
     elif observed.rejected:
         degraded = ("True", "ChildRejected", "; ".join(observed.rejected))
     elif observed.pod_problems:
@@ -160,8 +160,8 @@ def compute_status(body: dict[str, Any], observed: Observed, now: str | None = N
         ready_c = ("False", "InvalidSpec", msg)
         prog_c = ("False", "InvalidSpec", "spec rejected; running children left unchanged")
     elif observed.conflicts:
-        ready_c = ("False", "ChildConflict", "; ".join(observed.conflicts))
-        prog_c = ("False", "ChildConflict", "cannot take over objects owned by someone else")
+        ready_c = ("False", "Conflict", "; ".join(observed.conflicts))
+        prog_c = ("False", "Conflict", "a child's name is taken by an object the operator did not create")
     elif observed.rejected:
         ready_c = ("False", "ChildRejected", "; ".join(observed.rejected))
         prog_c = ("False", "ChildRejected", "the apiserver refused a child; running children left unchanged")

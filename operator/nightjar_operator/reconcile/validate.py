@@ -34,6 +34,36 @@ HF_URI = re.compile(r"^hf://[A-Za-z0-9][\w.-]*/[\w.-]+/?$")
 WORKER_OFFLOAD_DEFAULTS = {"kv_usage_high": 0.90, "kv_usage_low": 0.70}
 
 
+# Volume types a CR may mount without a cluster admin's say: they expose what anyone who may create
+# pods in the namespace can already reach. hostPath, csi, nfs, ... (node or storage access) must be
+# granted by the chart value operator.podPolicy.extraVolumeTypes.
+DEFAULT_VOLUME_TYPES = frozenset({"configMap", "secret", "emptyDir", "persistentVolumeClaim", "ephemeral",
+                                  "downwardAPI", "projected"})
+# Projected sources allowed by default: no serviceAccountToken (a token the pod's identity did not
+# grant the worker; the operator sets automountServiceAccountToken false). An admin may add
+# "serviceAccountToken" to extraVolumeTypes.
+DEFAULT_PROJECTED_SOURCES = frozenset({"configMap", "secret", "downwardAPI"})
+EXTRA_VOLUME_TYPES_VALUE = "operator.podPolicy.extraVolumeTypes"
+
+
+@dataclass(frozen=True)
+class PodPolicy:
+    """What a CR may put into its worker pods beyond the defaults, set by a cluster admin (chart value
+    operator.podPolicy.extraVolumeTypes, env NIGHTJAR_POD_EXTRA_VOLUME_TYPES of the operator)."""
+
+    extra_volume_types: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, text: str | None) -> PodPolicy:
+        return cls(frozenset(t for t in (text or "").replace(",", " ").split() if t))
+
+    def volume_types(self) -> frozenset[str]:
+        return DEFAULT_VOLUME_TYPES | self.extra_volume_types
+
+    def projected_sources(self) -> frozenset[str]:
+        return DEFAULT_PROJECTED_SOURCES | (self.extra_volume_types & {"serviceAccountToken"})
+
+
 @dataclass(frozen=True)
 class FieldError:
     field: str  # dotted path as in the CR, e.g. spec.speculation.arms[2]
@@ -67,7 +97,17 @@ def parse_spec(raw: Mapping[str, Any] | None) -> tuple[NightjarDeploymentSpec | 
         return None, errors
 
 
-def semantic_errors(spec: NightjarDeploymentSpec, name: str = "") -> list[FieldError]:
+def validate(raw: Mapping[str, Any] | None, name: str, policy: PodPolicy) -> tuple[NightjarDeploymentSpec | None,
+                                                                                   list[FieldError]]:
+    """Every check of a spec, in one place: the reconcile (status InvalidSpec) and the admission
+    webhook (the apply is refused) both call this, so they can never disagree."""
+    spec, errors = parse_spec(raw)
+    if spec is None:
+        return None, errors
+    return spec, semantic_errors(spec, name, policy)
+
+
+def semantic_errors(spec: NightjarDeploymentSpec, name: str = "", policy: PodPolicy | None = None) -> list[FieldError]:
     """Cross-field rules; an empty list means the spec can be deployed."""
     errs: list[FieldError] = []
     if name and (len(name) > MAX_NAME_LENGTH or not DNS1035_LABEL.match(name)):
@@ -150,7 +190,7 @@ def semantic_errors(spec: NightjarDeploymentSpec, name: str = "") -> list[FieldE
         if flag in RESERVED_ARGS:
             errs.append(FieldError(f"spec.vllmArgs[{i}]", f"{flag} is set by the operator and cannot be overridden"))
 
-    errs.extend(pod_override_errors(spec))
+    errs.extend(pod_override_errors(spec, policy or PodPolicy()))
     if not errs:
         errs.extend(planner_config_errors(spec))
     return errs
@@ -172,9 +212,52 @@ def routing_errors(spec: NightjarDeploymentSpec, name: str = "") -> list[FieldEr
     return errs
 
 
-def pod_override_errors(spec: NightjarDeploymentSpec) -> list[FieldError]:
-    """spec.pod may add to the worker pod but not shadow what the operator puts there."""
+def reserved_env(name: str) -> bool:
+    """The worker's own variables (children.OWN_ENV, OWN_ENV_PREFIXES): neither spec.pod.env nor
+    spec.pod.envFrom may set them."""
     from nightjar_operator.reconcile import children as ch
+
+    return name in ch.OWN_ENV or name.startswith(ch.OWN_ENV_PREFIXES)
+
+
+def env_prefix_reaches(prefix: str) -> str | None:
+    """A reserved name that ``prefix`` + some key could produce, or None. envFrom's keys are only
+    known when the kubelet starts the pod (and may change later), so the prefix alone must make
+    every reserved name unreachable: no own prefix may start with it or be started by it, and no own
+    name may extend it (a key is never empty)."""
+    from nightjar_operator.reconcile import children as ch
+
+    for own in ch.OWN_ENV_PREFIXES:
+        if prefix.startswith(own) or own.startswith(prefix):
+            return f"{own}*"
+    return next((own for own in sorted(ch.OWN_ENV) if own.startswith(prefix) and own != prefix), None)
+
+
+def volume_errors(i: int, volume: Mapping[str, Any], policy: PodPolicy) -> list[FieldError]:
+    """A volume's source must be on the allowlist (projected: no service-account tokens)."""
+    field, errs = f"spec.pod.volumes[{i}]", []
+    allowed = policy.volume_types()
+    for kind in sorted(k for k in volume if k != "name"):
+        if kind not in allowed:
+            errs.append(FieldError(f"{field}.{kind}", f"volume type {kind} is not allowed (allowed: "
+                                   f"{', '.join(sorted(allowed))}); a cluster admin can allow more with the "
+                                   f"chart value {EXTRA_VOLUME_TYPES_VALUE}"))
+    sources = (volume.get("projected") or {}).get("sources") if "projected" in allowed else None
+    for j, src in enumerate(sources or []):
+        for kind in sorted(src or {}):
+            if kind not in policy.projected_sources():
+                errs.append(FieldError(f"{field}.projected.sources[{j}].{kind}", f"projected source {kind} is not "
+                                       f"allowed (allowed: {', '.join(sorted(policy.projected_sources()))}); a cluster "
+                                       f"admin can allow serviceAccountToken with {EXTRA_VOLUME_TYPES_VALUE}"))
+    return errs
+
+
+def pod_override_errors(spec: NightjarDeploymentSpec, policy: PodPolicy | None = None) -> list[FieldError]:
+    """spec.pod may add to the worker pod but not shadow what the operator puts there, and may not
+    reach beyond what the namespace already grants (volume allowlist)."""
+    from nightjar_operator.reconcile import children as ch
+
+    policy = policy or PodPolicy()
 
     o, errs = spec.pod, []
     own_labels = set(ch.common_labels("x")) | set(ch.pod_selector("x"))
@@ -184,13 +267,20 @@ def pod_override_errors(spec: NightjarDeploymentSpec) -> list[FieldError]:
         elif len(key) > 317 or not LABEL_KEY.match(key):
             errs.append(FieldError(f"spec.pod.labels[{key}]", "is not a valid label key ([prefix/]name)"))
     for i, e in enumerate(o.env or []):
-        if e.name in ch.OWN_ENV or e.name.startswith(ch.OWN_ENV_PREFIXES):
+        if reserved_env(e.name):
             errs.append(FieldError(f"spec.pod.env[{i}].name", f"{e.name} is set by the operator or reserved "
                                    f"(names starting {', '.join(ch.OWN_ENV_PREFIXES)}); use spec.hub for HF_*"))
         if (e.value is None) == (e.value_from is None):
             errs.append(FieldError(f"spec.pod.env[{i}]", "set exactly one of value and valueFrom"))
+    for i, ef in enumerate(o.env_from or []):
+        if (hit := env_prefix_reaches(ef.prefix or "")) is not None:
+            errs.append(FieldError(f"spec.pod.envFrom[{i}].prefix",
+                                   f"{f'prefix {ef.prefix!r}' if ef.prefix else 'no prefix'}: a key could set {hit}, which is set by the operator or "
+                                   f"reserved: give a prefix no reserved name starts with (e.g. APP_), or use "
+                                   f"spec.pod.env with valueFrom per variable"))
     volumes: set[str] = set()
     for i, v in enumerate(o.volumes or []):
+        errs.extend(volume_errors(i, v, policy))
         n = str(v.get("name", ""))
         if not n:
             errs.append(FieldError(f"spec.pod.volumes[{i}].name", "required"))
