@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +44,8 @@ class Arena:
     """``size`` bytes at ``ptr`` in ``chunk``-sized pieces, all backed at first. Offsets are relative
     to ``ptr``. Subclasses set ``ptr`` and implement ``_back``/``_drop`` for a run of chunks
     ``[a, b)``; ``_back`` leaves nothing half-mapped when it raises, and ``_drop`` marks the chunks it
-    had freed before it raised."""
+    had freed before it raised. ``map`` and ``unmap`` hold a lock: the worker agent maps on a
+    background thread (off the engine step) while the engine thread may release."""
 
     zero_filled = False  # fresh memory reads as zeros
 
@@ -52,6 +54,7 @@ class Arena:
         self.size = -(-size // chunk) * chunk
         self.ptr = 0
         self._state = bytearray(_BACKED * (self.size // chunk))  # one byte per chunk: C-speed run search
+        self._lock = threading.Lock()
 
     def _back(self, a: int, b: int) -> None:
         raise NotImplementedError
@@ -76,10 +79,11 @@ class Arena:
     def _flip(self, r: range, state: bytes, op: Callable[[int, int], None], new: bytes) -> int:
         """``op`` on each run of chunks in ``r`` that are in ``state``, which are then ``new``; bytes done."""
         n = 0
-        for a, b in self._runs(r, state):
-            op(a, b)
-            self._state[a:b] = new * (b - a)
-            n += (b - a) * self.chunk
+        with self._lock:
+            for a, b in self._runs(r, state):
+                op(a, b)
+                self._state[a:b] = new * (b - a)
+                n += (b - a) * self.chunk
         return n
 
     def map(self, start: int, end: int) -> int:
