@@ -32,6 +32,14 @@ def _run(args: argparse.Namespace) -> int:
             stop_flag=stop_flag,
         )
 
+    if args.webhook_port:
+        # Before the election: every replica, standby or leader, answers admission reviews.
+        from nightjar_operator.handlers import webhook
+        from nightjar_operator.handlers.k8s import Api, make_api_client
+
+        webhook.start(webhook.WebhookSettings(
+            port=args.webhook_port, cert_dir=args.webhook_cert_dir, secret=args.webhook_secret,
+            configuration=args.webhook_configuration, hosts=tuple(args.webhook_host)), Api(make_api_client()))
     if not args.leader_elect:
         operate()
         return 0
@@ -78,6 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--lease-duration", type=int, default=15, help="seconds a follower waits after the last renewal")
     run.add_argument("--renew-deadline", type=int, default=10, help="seconds the leader keeps retrying a renewal")
     run.add_argument("--retry-period", type=int, default=2, help="seconds between tries")
+    run.add_argument("--webhook-port", type=int, default=0,
+                     help="serve the validating admission webhook (HTTPS) on this port (0: off)")
+    run.add_argument("--webhook-cert-dir", default=None,
+                     help="directory with tls.crt and tls.key (e.g. cert-manager's Secret, mounted)")
+    run.add_argument("--webhook-secret", default=None,
+                     help="NAMESPACE/NAME of the Secret where the replicas keep a shared self-signed certificate")
+    run.add_argument("--webhook-configuration", default=None,
+                     help="ValidatingWebhookConfiguration whose caBundle the operator keeps (with --webhook-secret)")
+    run.add_argument("--webhook-host", action="append", default=[],
+                     help="DNS name or IP of the webhook Service, put in the self-signed certificate (repeatable)")
     run.set_defaults(func=_run)
     crd = sub.add_parser("crd", help="print the NightjarDeployment CRD (YAML) generated from the models")
     crd.add_argument("-o", "--output", help="write to this file instead of stdout")

@@ -47,6 +47,19 @@ class OperatorMetrics:
             ["kind"],
             registry=registry,
         )
+        self.admission_reviews = Counter(
+            "nightjar_operator_admission_reviews_total",
+            "Admission reviews of NightjarDeployments by operation and decision (valid|invalid|"
+            "unchanged-spec|deleting|not-checked; invalid ones were refused)",
+            ["operation", "decision"],
+            registry=registry,
+        )
+        self.webhook_certificates = Counter(
+            "nightjar_operator_webhook_certificates_total",
+            "Operator-managed webhook serving certificates written to their Secret (created|renewed)",
+            ["action"],
+            registry=registry,
+        )
         self.status_writes = Counter(
             "nightjar_operator_status_writes_total",
             "Status patches of NightjarDeployments (only written when the status changed)",
