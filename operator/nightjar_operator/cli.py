@@ -17,12 +17,18 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     import nightjar_operator.main  # noqa: F401 - registers the handlers
+    from nightjar_operator import metrics as metrics_mod
 
     if args.metrics_port is not None:
         os.environ["NIGHTJAR_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
+        # Every replica serves /metrics from the start, a standby too (nightjar_operator_leader 0):
+        # a Service over all replicas then has no target that refuses the scrape.
+        metrics_mod.serve(args.metrics_port)
     kopf.configure(verbose=args.verbose)  # kopf's logging setup (our loggers propagate to it)
+    metrics_mod.metrics().leader.set(0 if args.leader_elect else 1)
 
     def operate(stop_flag: threading.Event | None = None) -> None:
+        metrics_mod.metrics().leader.set(1)
         # standalone: no kopf peering; with --leader-elect the Lease decides who runs.
         kopf.run(
             standalone=True,

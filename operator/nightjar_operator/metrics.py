@@ -82,6 +82,12 @@ class OperatorMetrics:
             ["namespace", "name", "kind"],
             registry=registry,
         )
+        self.leader = Gauge(
+            "nightjar_operator_leader",
+            "1 while this replica operates (holds the Lease, or runs without leader election), 0 while it "
+            "stands by; every replica serves /metrics",
+            registry=registry,
+        )
 
         self.fleet_objects = Gauge(
             "nightjar_operator_fleet_objects", "NightjarDeployments the fleet loop ticks each round", registry=registry
@@ -143,6 +149,10 @@ def op_metrics() -> dict[str, Any]:
         _M["pods_scraped"] = Gauge("nightjar_operator_fleet_pods_scraped", "Pods scraped successfully in the last tick", lbl)
         _M["attainment"] = Gauge(
             "nightjar_operator_slo_attainment_ratio", "Fraction of the window's requests within the SLO targets", lbl
+        )
+        _M["attainment_target"] = Gauge(
+            "nightjar_operator_slo_attainment_target",
+            "The objective spec.slo.attainment (0..1): the SLO burn-rate alerts' error budget is 1 minus it", lbl
         )
         _M["slo_met"] = Gauge("nightjar_operator_slo_met", "1 when SLOMet is True, 0 when False, -1 when Unknown", lbl)
         _M["ttft_p95"] = Gauge("nightjar_operator_ttft_p95_seconds", "Fleet TTFT p95 over the SLO window", lbl)

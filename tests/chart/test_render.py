@@ -26,7 +26,8 @@ def test_lint_strict(helm, values):
 @pytest.mark.parametrize("values", VALUES, ids=[v.stem for v in VALUES])
 def test_pods_non_root_read_only(helm, values):
     objs = render(helm, [values], api_versions=[MONITORING])
-    pod_specs = [d["spec"]["template"]["spec"] for d in objs.of("Deployment")] + [p["spec"] for p in objs.of("Pod")]
+    pod_specs = [d["spec"]["template"]["spec"] for d in objs.of("Deployment") + objs.of("Job")] + [
+        p["spec"] for p in objs.of("Pod")]
     assert pod_specs, "nothing with a pod spec rendered"
     for spec in pod_specs:
         assert spec["securityContext"]["runAsNonRoot"] is True
@@ -43,6 +44,8 @@ def test_defaults_render_expected_objects(helm):
     assert objs.kinds() == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "ConfigMap",
         "CustomResourceDefinition", "Pod", "Role", "RoleBinding",
+        # the pre-delete hook (uninstall-hook.yaml)
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job",
     ])
     dep = objs.one("Deployment", "nightjar-operator")
     spec = dep["spec"]["template"]["spec"]
@@ -67,9 +70,9 @@ def test_defaults_render_expected_objects(helm):
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
     # All namespaces: the one role bound cluster-wide to the chart's ServiceAccount.
-    crb = objs.one("ClusterRoleBinding")
+    crb = objs.one("ClusterRoleBinding", "nightjar-operator")
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "nightjar-operator", "namespace": "nightjar-system"}]
-    assert crb["roleRef"]["name"] == objs.one("ClusterRole")["metadata"]["name"] == "nightjar-operator"
+    assert crb["roleRef"]["name"] == objs.one("ClusterRole", "nightjar-operator")["metadata"]["name"]
 
 
 def test_rbac_is_least_privilege(helm):
@@ -112,19 +115,24 @@ def test_namespaced_values(helm):
     args = objs.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
     assert "--verbose" in args and "--some-flag" in args
-    rbs = [rb for rb in objs.of("RoleBinding") if rb["roleRef"]["kind"] == "ClusterRole"]
+    rbs = [rb for rb in objs.of("RoleBinding") if rb["roleRef"]["kind"] == "ClusterRole"
+           and rb["roleRef"]["name"] == "nightjar-operator"]
     assert sorted(rb["metadata"]["namespace"] for rb in rbs) == ["team-a", "team-b"]
     assert all(rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "nightjar-operator"}
                for rb in rbs)
     # Only the cluster-scoped CRD read stays bound cluster-wide.
     assert [crb["roleRef"]["name"] for crb in objs.of("ClusterRoleBinding")] == ["nightjar-operator-cluster"]
+    # The uninstall hook may delete NightjarDeployments in the watched namespaces only.
+    hook_rbs = [rb for rb in objs.of("RoleBinding") if rb["roleRef"]["name"] == "nightjar-uninstall"]
+    assert sorted(rb["metadata"]["namespace"] for rb in hook_rbs) == ["team-a", "team-b"]
+    assert objs.one("Job")["spec"]["template"]["spec"]["containers"][0]["args"] == ["300", "team-a", "team-b"]
     cluster_rules = objs.one("ClusterRole", "nightjar-operator-cluster")["rules"]
     assert cluster_rules == [
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
     ]
     ns_rules = objs.one("ClusterRole", "nightjar-operator")["rules"]
-    assert ns_rules + cluster_rules[:1] == render(helm).one("ClusterRole")["rules"]
+    assert ns_rules + cluster_rules[:1] == render(helm).one("ClusterRole", "nightjar-operator")["rules"]
     test_pod = objs.one("Pod")
     assert test_pod["spec"]["containers"][0]["args"][0] == "http://llama-70b.team-a.svc:8000/v1/models"
 
@@ -218,7 +226,7 @@ def test_helm_test_hook(helm):
     pod = render(helm).one("Pod")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     c = pod["spec"]["containers"][0]
-    assert c["args"] == ["http://qwen-coder-cpu.nightjar-system.svc:8000/v1/models", "30"]
+    assert c["args"] == ["http://cpu-demo.nightjar-system.svc:8000/v1/models", "30"]  # the NOTES' sample
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["automountServiceAccountToken"] is False
 
@@ -258,7 +266,7 @@ def test_manifests_match_chart(helm, tmp_path):
         assert checked_in.read_text() == (tmp_path / rel).read_text(), f"manifests/{rel} is stale: run `make manifests`"
     # The plain RBAC (manifests/rbac/, used by the operator's own least-privilege test) is the chart's.
     role = yaml.safe_load((ROOT / "manifests/rbac/cluster_role.yaml").read_text())
-    assert role["rules"] == render(helm).one("ClusterRole")["rules"]
+    assert role["rules"] == render(helm).one("ClusterRole", "nightjar-operator")["rules"]
 
 
 def test_gpu_sample_is_valid():
@@ -270,3 +278,70 @@ def test_gpu_sample_is_valid():
     spec, errors = parse_spec(doc["spec"])
     assert not errors and not semantic_errors(spec, doc["metadata"]["name"])
     assert spec.resources.gpus == 1 and spec.target.source.uri and spec.draft.source.uri
+
+
+def test_uninstall_hook(helm):
+    """A pre-delete hook Job, with its own ServiceAccount that may only list, watch and delete
+    NightjarDeployments, deletes them and waits while the operator still runs; every hook object
+    goes once it succeeded. uninstall.deleteNightjarDeployments=false renders none of it."""
+    objs = render(helm)
+    hooks = [o for o in objs if (o["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-delete"]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in hooks) == [
+        ("ClusterRole", "nightjar-uninstall"), ("ClusterRoleBinding", "nightjar-uninstall"), ("Job", "nightjar-uninstall"),
+        ("ServiceAccount", "nightjar-uninstall")]
+    for o in hooks:
+        policy = o["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+        assert policy == "before-hook-creation,hook-succeeded", o["kind"]
+    weights = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in hooks}
+    assert weights["Job"] > max(w for k, w in weights.items() if k != "Job")  # its identity exists first
+    assert objs.one("ClusterRole", "nightjar-uninstall")["rules"] == [
+        {"apiGroups": ["nightjar.dev"], "resources": ["nightjardeployments"], "verbs": ["get", "list", "watch", "delete"]}]
+    crb = objs.one("ClusterRoleBinding", "nightjar-uninstall")
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "nightjar-uninstall", "namespace": "nightjar-system"}]
+    job = objs.one("Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "nightjar-uninstall" and pod["restartPolicy"] == "Never"
+    c = pod["containers"][0]
+    assert c["image"] == objs.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert c["command"][:2] == ["python3", "-c"] and c["args"] == ["300"]  # all namespaces
+    assert job["spec"]["activeDeadlineSeconds"] == 360
+    off = render(helm, sets=["uninstall.deleteNightjarDeployments=false"])
+    assert not [o for o in off if "uninstall" in o["metadata"]["name"]]
+
+
+def test_network_policy_peers_reach_the_operator(helm):
+    """The operator's env lists the peers every spec.networkPolicy admits: its own pods (the fleet
+    loop scrapes /metrics), then networkPolicy.extraFrom; it may manage NetworkPolicies."""
+    prom = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    objs = render(helm, extra=["--set-json", f"networkPolicy.extraFrom=[{json.dumps(prom)}]"])
+    dep = objs.one("Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    peers = json.loads(env["NIGHTJAR_NETWORK_POLICY_PEERS"])
+    assert peers == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "nightjar-system"}},
+                      "podSelector": {"matchLabels": dep["spec"]["selector"]["matchLabels"]}}, prom]
+    rules = objs.one("ClusterRole", "nightjar-operator")["rules"]
+    assert {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+            "verbs": ["get", "create", "update", "delete"]} in rules
+
+
+def test_notes_commands_run_as_written(helm):
+    """NOTES: no `port-forward ... && curl` (port-forward never exits, so the curl never ran)."""
+    p = run_helm(helm, "install", "nightjar", str(CHART), "-n", "nightjar-system", "--dry-run")
+    notes = p.stdout.split("NOTES:", 1)[1]
+    assert "port-forward" in notes and not any("port-forward" in ln and "&&" in ln for ln in notes.splitlines())
+    assert "manifests/samples/cpu-demo.yaml" in notes and "njd/cpu-demo" in notes
+    assert "pre-delete hook" in notes
+
+
+@pytest.mark.parametrize("sample", sorted((ROOT / "manifests/samples").glob("*.yaml")), ids=lambda p: p.stem)
+def test_samples_pass_the_operators_checks(sample):
+    """Every sample (the GPU one too) passes the CRD's models and the operator's semantic checks, names
+    a worker image, and needs no PVC that nothing fills."""
+    from nightjar_operator.reconcile.validate import parse_spec, semantic_errors
+
+    doc = yaml.safe_load(sample.read_text())
+    spec, errors = parse_spec(doc["spec"])
+    assert not errors and not semantic_errors(spec, doc["metadata"]["name"]), errors
+    assert spec.target.source.pvc is None and spec.draft.source.pvc is None
+    if spec.resources.gpus == 0:  # a CPU sample names the CPU build
+        assert spec.image.endswith("-cpu"), spec.image

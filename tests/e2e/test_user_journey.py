@@ -1,18 +1,21 @@
 """The user's journey on a real kubelet, in the order a platform engineer lives it (docs/install.md
 runs the same commands):
 
-1. ``helm install`` the chart (local images) -> the operator pod Running under the chart's ServiceAccount;
-2. ``kubectl apply`` a NightjarDeployment (worker image, model image) -> the worker pod Ready;
+1. ``helm install`` the chart (local images) -> the operator pods Running under the chart's ServiceAccount;
+2. ``kubectl apply`` the samples as written: smollm2-oci.yaml (API key from a Secret, NetworkPolicy)
+   and, in the release namespace as the chart's NOTES say, cpu-demo.yaml -> both worker pods Ready,
+   and cpu-demo answers what ``helm test`` asks (then deleted: the node has 2 cores);
 3. a greedy chat completion through the Service equals the same request served by the worker outside
-   the cluster;
+   the cluster; without the API key /v1 answers 401, /health and /metrics stay open;
 4. a real Prometheus, discovering pods through the apiserver, scrapes ``nightjar_*`` from the worker and
-   the operator, and every Grafana panel's query returns data unless its inputs saw no event in the
-   run, which is checked (Debian's Prometheus has no Kubernetes discoverer: ``pod_sd`` serves the
-   apiserver's pods with its labels over http_sd);
+   both operator replicas, and every Grafana panel's query returns data unless its inputs saw no event
+   in the run, which is checked (Debian's Prometheus has no Kubernetes discoverer: ``pod_sd`` serves the
+   apiserver's pods with its labels over http_sd); no shipped alert is pending or firing;
 5. the fleet loop writes priors into the ConfigMap and the worker reports applying them;
-6. failure drills: bad resources reported naming the field, a model image without the model, the worker
-   killed under load, the operator killed mid-rollout;
-7. ``helm uninstall`` after deleting the CRs leaves no object and no stuck finalizer.
+6. failure drills: bad resources reported naming the field, a model image without the model, missing
+   Secrets named by their field, the worker killed under load, the operator killed mid-rollout;
+7. ``helm uninstall`` with a NightjarDeployment still present, then deleting its namespace: no object
+   left and no stuck finalizer (the chart's pre-delete hook).
 
 The tests share one installation and run in file order; each step's seconds go to build/e2e-timings.json.
 """
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +56,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 RELEASE, SYSTEM_NS, NS = "nightjar", "nightjar-system", "e2e"
 SAMPLE = ROOT / "manifests" / "samples" / "smollm2-oci.yaml"
 NAME = "smollm2"
+DEMO = ROOT / "manifests" / "samples" / "cpu-demo.yaml"  # the chart NOTES' sample, in SYSTEM_NS
+API_KEY = "e2e-" + uuid.uuid4().hex  # the Secret smollm2-oci.yaml names (spec.auth.apiKeySecretRef)
 MODEL = "smollm2-135m-instruct"
 MESSAGES = [{"role": "user", "content": "Write a haiku about a nightjar."}]
 OPERATOR_ENV = [
@@ -68,8 +74,9 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
                             tolerate=(httpx.HTTPError, subprocess.SubprocessError, KeyError))
 
 
-def chat(base: str, *, max_tokens: int = 32, timeout: float = 120, **extra: Any) -> str:
-    r = httpx.post(f"{base}/v1/chat/completions", timeout=timeout, json={
+def chat(base: str, *, max_tokens: int = 32, timeout: float = 120, key: str | None = API_KEY, **extra: Any) -> str:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.post(f"{base}/v1/chat/completions", timeout=timeout, headers=headers, json={
         "model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0, **extra})
     r.raise_for_status()
     return r.json()["choices"][0]["message"]["content"]
@@ -110,7 +117,7 @@ def reference() -> str:
 
     with ServerProcess(["--kv-cache-gib", "1", "--max-model-len", "1024", "--dtype", "float32"],
                        env={"NIGHTJAR_TARGET_NAME": MODEL}) as srv:
-        return chat(srv.url)
+        return chat(srv.url, key=None)
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +129,14 @@ def installed(node, timings, reference):
     helm(node, "install", RELEASE, str(ROOT / "charts" / "nightjar"), "-n", SYSTEM_NS, "--create-namespace",
          "--set-json", f"operator.extraEnv={env}", "--wait", "--timeout", "5m")
     timings.lap("helm install: operator pod Ready")
+    # The samples as written (their comments' commands); both workers start side by side.
+    node.kubectl("create", "secret", "generic", "smollm2-api-key", "-n", NS, f"--from-literal=api-key={API_KEY}")
     node.kubectl("apply", "-n", NS, "-f", str(SAMPLE))
-    wait_for(lambda: condition(get(node, "njd", NAME), "Ready").get("status") == "True", 600,
-             f"NightjarDeployment {NAME} Ready")
-    timings.lap("kubectl apply NightjarDeployment: worker pod Ready")
+    node.kubectl("apply", "-n", SYSTEM_NS, "-f", str(DEMO))
+    for ns, name in ((NS, NAME), (SYSTEM_NS, "cpu-demo")):
+        wait_for(lambda ns=ns, name=name: condition(get(node, "njd", name, ns), "Ready").get("status") == "True", 600,
+                 f"NightjarDeployment {ns}/{name} Ready")
+    timings.lap("kubectl apply the CPU samples: worker pods Ready")
     yield node
     timings.save({f"cluster_{k}": v for k, v in node.timings.items()})
 
@@ -161,10 +172,52 @@ def test_worker_pod_runs_the_images(installed):
     assert all(s.get("terminated", {}).get("exitCode") == 0 for s in inits.values()), inits
 
 
+def test_the_notes_sample_serves_what_helm_test_asks(installed, timings):
+    """cpu-demo.yaml, applied where the chart's NOTES say, is what `helm test` queries by default:
+    GET /v1/models through its Service, with no key (the test cluster has no DNS for the hook pod's
+    URL; tests/observability runs the hook's own script against a real worker)."""
+    svc = get(installed, "service", "cpu-demo", SYSTEM_NS)
+    assert svc is not None
+    r = httpx.get(f"http://{svc['spec']['clusterIP']}:8000/v1/models", timeout=30)
+    assert r.status_code == 200 and r.json()["data"][0]["id"] == MODEL, r.text
+    installed.kubectl("delete", "njd", "cpu-demo", "-n", SYSTEM_NS, "--wait=true", timeout=120)
+    timings.lap("cpu-demo answers /v1/models, deleted")
+
+
 def test_completion_through_the_service_equals_the_worker_outside(installed, reference, timings):
     got = chat(service_url(installed))
     timings.lap("chat completion through the Service")
     assert got == reference and got.strip()
+
+
+def test_the_api_needs_the_key_and_probes_and_metrics_do_not(installed):
+    """spec.auth.apiKeySecretRef: vLLM's own check (VLLM_API_KEY) guards /v1 through the Service;
+    the kubelet's probes (the pod is Ready) and the scrapes of /metrics need no key."""
+    url = service_url(installed)
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
+    assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-key"}
+    assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=wrong, timeout=60).status_code == 401
+    assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 401
+    ok = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["data"][0]["id"] == MODEL, ok.text
+    (pod,) = worker_pods(installed)
+    for path in ("/health", "/metrics"):
+        assert httpx.get(f"http://{pod['status']['podIP']}:8000{path}", timeout=30).status_code == 200, path
+    # The sample's NetworkPolicy, accepted by the apiserver (Kubernetes 1.20 here enforces none):
+    # the operator's pods (from the chart) and the sample's peer, on the worker port only.
+    policy = get(installed, "networkpolicy", NAME)
+    assert policy is not None
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8000}]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": SYSTEM_NS}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator",
+                                         "app.kubernetes.io/instance": RELEASE, "app.kubernetes.io/name": "nightjar"}}},
+        {"podSelector": {}},
+    ], rule
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "nightjar-worker",
+                                                           "nightjar.dev/deployment": NAME}
 
 
 def _prometheus(workdir: Path, sd_url: str) -> Prometheus:
@@ -188,8 +241,9 @@ def _prometheus(workdir: Path, sd_url: str) -> Prometheus:
             {"source_labels": ["__meta_kubernetes_pod_label_nightjar_dev_track"], "target_label": "track"},
         ],
     }
-    operator = {
+    operator = {  # honor_labels as the chart's ServiceMonitor: the per-deployment `namespace` label stays
         "job_name": "nightjar-operator", "scrape_interval": "2s", "scrape_timeout": "2s", "http_sd_configs": sd,
+        "honor_labels": True,
         "relabel_configs": [
             {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"], "regex": "operator",
              "action": "keep"},
@@ -204,7 +258,12 @@ def test_prometheus_scrapes_the_pods_and_every_panel_has_data(installed, tmp_pat
     discovery = PodDiscovery(installed)
     prom = _prometheus(tmp_path / "prom", discovery.url)
     try:
-        wait_for(lambda: len(prom.query("up == 1")["result"]) >= 2, 60, "worker and operator targets up")
+        # Every operator replica serves /metrics (the standby says nightjar_operator_leader 0).
+        wait_for(lambda: len(prom.query('up{job="nightjar-operator"} == 1')["result"]) == 2
+                 and len(prom.query('up{job="nightjar-workers"} == 1')["result"]) >= 1, 60,
+                 "the worker and both operator replicas up")
+        leaders = sorted(float(r["value"][1]) for r in prom.query("nightjar_operator_leader")["result"])
+        assert leaders == [0.0, 1.0], leaders
         url = service_url(installed)
         for _ in range(4):  # traffic, so the rates and histograms have samples in their windows
             chat(url, max_tokens=24)
@@ -226,6 +285,13 @@ def test_prometheus_scrapes_the_pods_and_every_panel_has_data(installed, tmp_pat
         timings.note("panels_quiet_no_event", sorted(set(quiet)))
         assert not empty, "panels without data:\n" + "\n".join(f"{t}: {e}" for t, e in empty)
         assert len(set(data)) > 3 * len(set(quiet)), (sorted(set(data)), sorted(set(quiet)))
+        # Silent when healthy: after this run no shipped alert is even pending (its condition true).
+        # The objective the SLO alerts use is the sample's spec.slo.attainment, from the operator.
+        budget = prom.query(f'nightjar:slo_error_budget{{nightjar_deployment="{NAME}"}}')["result"]
+        assert [round(float(r["value"][1]), 6) for r in budget] == [0.1], budget
+        alerts = prom.query("ALERTS")["result"]
+        assert not alerts, [r["metric"] for r in alerts]
+        timings.lap("Prometheus: no alert pending or firing")
     finally:
         prom.stop()
         discovery.close()
@@ -272,7 +338,7 @@ def test_invalid_resources_are_rejected_or_reported(installed, timings):
     p = installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(bad_field), check=False)
     assert p.returncode != 0 and "spec.speculation.maxGamma" in p.stderr, p.stderr
 
-    drills = ("no-such-image", "empty-model", "hub-no-token", "bad-scheme")
+    drills = ("no-such-image", "empty-model", "hub-no-token", "bad-scheme", "no-api-key")
     try:
         installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(
             _bad("no-such-image", reference="ghcr.io/nightjar-dev/no-such-models:1", path=MODEL)))
@@ -285,7 +351,10 @@ def test_invalid_resources_are_rejected_or_reported(installed, timings):
         hub["spec"]["hub"] = {"tokenSecretRef": {"name": "hf-token-missing"}}
         scheme = _bad("bad-scheme", reference="unused")
         scheme["spec"]["target"]["source"] = {"uri": "s3://bucket/smollm2"}
-        for doc in (hub, scheme):
+        key = _bad("no-api-key", reference="ghcr.io/nightjar-dev/nightjar-models:smollm2-135m", path=MODEL)
+        key["spec"]["auth"] = {"apiKeySecretRef": {"name": "api-key-missing"}}
+        key["spec"].pop("networkPolicy", None)
+        for doc in (hub, scheme, key):
             installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(doc))
 
         def degraded(name: str) -> str | None:
@@ -299,6 +368,8 @@ def test_invalid_resources_are_rejected_or_reported(installed, timings):
         msg = wait_for(lambda: degraded("hub-no-token"), 180, "Degraded for the missing Hub token Secret")
         assert "container worker (spec.hub.tokenSecretRef): CreateContainerConfigError" in msg, msg
         assert 'secret "hf-token-missing" not found' in msg, msg
+        msg = wait_for(lambda: degraded("no-api-key"), 180, "Degraded for the missing API key Secret")
+        assert "container worker (spec.auth.apiKeySecretRef): CreateContainerConfigError" in msg, msg
         ready = wait_for(lambda: condition(get(installed, "njd", "bad-scheme"), "Ready").get("reason") == "InvalidSpec"
                          and condition(get(installed, "njd", "bad-scheme"), "Ready"), 60, "InvalidSpec for s3://")
         assert "spec.target.source.uri: scheme s3:// is not supported" in ready["message"], ready
@@ -376,27 +447,29 @@ def test_operator_killed_mid_rollout_leaves_no_duplicate(installed, timings):
 
 
 # ------------------------------------------------------------------------------------------ uninstall
-def test_uninstall_leaves_nothing(installed, timings):
-    installed.kubectl("delete", "njd", "--all", "-n", NS, "--wait=true", timeout=180)
-    helm(installed, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "3m", timeout=200)
+def test_uninstall_with_a_deployment_present_leaves_nothing_stuck(installed, timings):
+    """The chart's pre-delete hook deletes the NightjarDeployments while the operator still runs to
+    remove its finalizer; the user's namespace then deletes without waiting on anything."""
+    assert get(installed, "njd", NAME) is not None  # still there: nobody deleted it by hand
+    helm(installed, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "5m", timeout=330)
+    timings.lap("helm uninstall with a NightjarDeployment present")
+    assert not json.loads(installed.kubectl("get", "njd", "-A", "-o", "json").stdout)["items"]
+    installed.kubectl("delete", "namespace", NS, "--wait=true", timeout=300)
 
     left: list[str] = []
 
     def gone() -> bool:
-        left[:] = installed.kubectl("get", "all,configmaps,serviceaccounts,roles,rolebindings", "-n", SYSTEM_NS,
+        left[:] = installed.kubectl("get", "all,configmaps,serviceaccounts,roles,rolebindings,jobs", "-n", SYSTEM_NS,
                                     "-l", "app.kubernetes.io/instance=nightjar", "-o", "name").stdout.split()
-        left.extend(installed.kubectl("get", "deployments,configmaps,services,pods", "-n", NS,
-                                      "-l", "app.kubernetes.io/managed-by=nightjar-operator", "-o", "name").stdout.split())
+        left.extend(installed.kubectl("get", "namespace", NS, "-o", "name", check=False).stdout.split())
         return not left
 
-    # Worker pods get 60 s to drain (terminationGracePeriodSeconds) after the garbage collector's chain
-    # CR -> Deployments -> ReplicaSets -> Pods; a candidate pod still loading its model may use all of it.
     try:
-        wait_for(gone, 300, "no object of the release or of the workers left")
+        wait_for(gone, 300, "no object of the release and no worker namespace left")
     except AssertionError as e:
         raise AssertionError(f"{e}; left: {left}") from None
     assert not installed.kubectl("get", "clusterroles,clusterrolebindings", "-o", "name",
                                  "-l", "app.kubernetes.io/instance=nightjar").stdout.split()
     # The chart keeps the CRD (crds.keep); removing it afterwards must not hang on a finalizer.
     installed.kubectl("delete", "crd", "nightjardeployments.nightjar.dev", "--wait=true", timeout=60)
-    timings.lap("helm uninstall: nothing left")
+    timings.lap("namespace and CRD deleted: nothing left, nothing stuck")

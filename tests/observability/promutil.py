@@ -98,7 +98,7 @@ def worker_metric_names() -> set[str]:
 
 
 def operator_metric_names() -> set[str]:
-    from nightjar_operator.metrics import OperatorMetrics
+    from nightjar_operator.metrics import OperatorMetrics, op_metrics
     from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry()
@@ -106,6 +106,8 @@ def operator_metric_names() -> set[str]:
     out: set[str] = set()
     for fam in reg.collect():
         out |= _suffixed(fam.name, fam.type)
+    for metric in op_metrics().values():  # the fleet loop's (default registry)
+        out |= {s.name for s in metric.collect()[0].samples} | _suffixed(metric._name, metric._type)
     return out
 
 

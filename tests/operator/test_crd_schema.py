@@ -62,14 +62,15 @@ def test_schema_is_structural():
     status = ["<root>.status.stable", "<root>.status.candidate", "<root>.status.fleet", "<root>.status.rollout"]
     assert [p for p in preserved if p.startswith("<root>.status")] == status
     assert sorted(p for p in preserved if not p.startswith("<root>.status")) == sorted(
-        f"<root>.spec.pod.{f}" for f in ("affinity", "topologySpreadConstraints[]", "volumes[]", "env[].valueFrom",
-                                         "envFrom[].configMapRef", "envFrom[].secretRef"))
+        [f"<root>.spec.pod.{f}" for f in ("affinity", "topologySpreadConstraints[]", "volumes[]", "env[].valueFrom",
+                                          "envFrom[].configMapRef", "envFrom[].secretRef")]
+        + [f"<root>.spec.networkPolicy.from[].{f}" for f in ("namespaceSelector", "podSelector", "ipBlock")])
 
 
 def test_schema_carries_validations():
     spec = s.open_api_schema()["properties"]["spec"]
     props = spec["properties"]
-    assert spec["required"] == ["target", "draft"]
+    assert spec["required"] == ["target", "draft", "image"]  # no default worker image (CPU and CUDA differ)
     spec_props = props["speculation"]["properties"]
     assert spec_props["maxGamma"]["minimum"] == 0 and spec_props["maxGamma"]["maximum"] == 64
     assert spec_props["arms"]["items"] == {"type": "integer", "maximum": 64, "minimum": 0}
@@ -94,13 +95,14 @@ def test_schema_carries_validations():
 def test_schema_defaults_validate_against_models():
     """Apiserver defaulting of an empty object must yield what pydantic would default to."""
     spec = NightjarDeploymentSpec.model_validate(
-        {"target": {"name": "t", "source": {"uri": "hf://a/b"}}, "draft": {"name": "d", "source": {"uri": "hf://a/c"}}}
+        {"target": {"name": "t", "source": {"uri": "hf://a/b"}}, "draft": {"name": "d", "source": {"uri": "hf://a/c"}},
+         "image": "example.org/nightjar-worker:1"}
     )
     props = s.open_api_schema()["properties"]["spec"]["properties"]
     assert props["replicas"]["default"] == spec.replicas
     assert props["speculation"]["properties"]["maxGamma"]["default"] == spec.speculation.max_gamma
     assert props["rollout"]["properties"]["steps"]["default"] == spec.rollout.steps
-    assert props["image"]["default"] == spec.image
+    assert "default" not in props["image"]  # required: no worker image that was never built
 
 
 def test_unsupported_constructs_are_refused():

@@ -166,11 +166,15 @@ def test_image_source_rejects_a_bad_reference(raw_spec):
     assert spec is None and any("draft.source.image.reference" in str(e) for e in errs), errs
 
 
-def _pod(name, *, init=(), containers=(), unschedulable=None):
+def _pod(name, *, init=(), containers=(), unschedulable=None, env=()):
     st = {"initContainerStatuses": list(init), "containerStatuses": list(containers)}
     if unschedulable:
         st["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}]
-    return {"metadata": {"name": name}, "status": st}
+    return {"metadata": {"name": name}, "status": st, "spec": {"containers": [{"name": "worker", "env": list(env)}]}}
+
+
+def _secret_env(var, secret):
+    return {"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": "k"}}}
 
 
 def test_pod_problems_name_pod_container_and_cause():
@@ -183,8 +187,12 @@ def test_pod_problems_name_pod_container_and_cause():
     starting = {"name": "worker", "state": {"waiting": {"reason": "ContainerCreating"}}}
     oom = {"name": "worker", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
            "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+    api_key = {"name": "worker", "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                      "message": "couldn't find key k in Secret ns/api-key"}}}
+    both = [_secret_env("HF_TOKEN", "hf-token"), _secret_env("VLLM_API_KEY", "api-key")]
     pods = [_pod("a", init=[missing]), _pod("b", containers=[pull]), _pod("c", containers=[starting]),
-            _pod("d", unschedulable="0/1 nodes: Insufficient nvidia.com/gpu"), _pod("g", containers=[token])]
+            _pod("d", unschedulable="0/1 nodes: Insufficient nvidia.com/gpu"), _pod("g", containers=[token], env=both),
+            _pod("h", containers=[api_key], env=both)]
     got = pod_problems(pods)
     assert got == [
         "pod a init container model-draft (spec.draft.source.image): CrashLoopBackOff"
@@ -192,6 +200,8 @@ def test_pod_problems_name_pod_container_and_cause():
         "pod b container worker: ErrImageNeverPull (image y not present)",
         "pod d: unschedulable: 0/1 nodes: Insufficient nvidia.com/gpu",
         'pod g container worker (spec.hub.tokenSecretRef): CreateContainerConfigError (secret "hf-token" not found)',
+        "pod h container worker (spec.auth.apiKeySecretRef): CreateContainerConfigError"
+        " (couldn't find key k in Secret ns/api-key)",
     ]
     status = compute_status({"metadata": {"name": "n", "generation": 1}, "spec": {}},
                             Observed(deployment=None, pod_problems=got), now="t")

@@ -9,6 +9,7 @@ from nightjar_operator.reconcile.validate import parse_spec, semantic_errors
 SPEC = {
     "target": {"name": "t", "source": {"imagePath": "/models/t"}},
     "draft": {"name": "d", "source": {"imagePath": "/models/d"}},
+    "image": "example.org/nightjar-worker:1",
 }
 
 

@@ -76,3 +76,11 @@ app.kubernetes.io/component: operator
 {{- define "nightjar.dashboards.namespace" -}}
 {{- default .Release.Namespace .Values.dashboards.namespace }}
 {{- end }}
+
+{{/* NetworkPolicyPeers the operator adds to every NightjarDeployment's NetworkPolicy (JSON): its own
+     pods (the fleet loop scrapes each worker's :8000/metrics) and networkPolicy.extraFrom. The
+     namespace is matched by the kubernetes.io/metadata.name label (automatic from Kubernetes 1.21). */}}
+{{- define "nightjar.networkPolicyPeers" -}}
+{{- $operator := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace)) "podSelector" (dict "matchLabels" (include "nightjar.operator.selectorLabels" . | fromYaml)) }}
+{{- prepend .Values.networkPolicy.extraFrom $operator | toJson }}
+{{- end }}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from nightjar_contract import __version__
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -163,6 +162,20 @@ class HubSpec(_Model):
     """A Hub mirror or proxy (HF_ENDPOINT), e.g. for clusters without internet access."""
 
 
+class ApiKeySecretRef(SecretKeyRef):
+    """A key of a Secret in the NightjarDeployment's namespace holding the API key."""
+
+    key: str = Field("api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class AuthSpec(_Model):
+    """Who may call the workers' OpenAI API (vLLM's own API key check, env VLLM_API_KEY)."""
+
+    api_key_secret_ref: ApiKeySecretRef | None = None
+    """Secret key holding the API key: requests under /v1 need ``Authorization: Bearer <key>`` (401
+    otherwise); /health and /metrics stay open for the kubelet, Prometheus and the operator."""
+
+
 class ModelCacheSpec(_Model):
     """Where downloaded models and vLLM's compile cache live, so a container restart does not
     download again: an emptyDir (lives as long as the pod) or a PersistentVolumeClaim (outlives it)."""
@@ -284,6 +297,26 @@ class PodSpecOverrides(_Model):
         None, max_length=32, json_schema_extra={"items": {"type": "object", "required": ["name"], **_K8S_OBJECT}})
     """core/v1 Volume list; names the operator uses (config, tmp, cache, shm, oci-models, model-N) are refused."""
     volume_mounts: list[VolumeMount] | None = Field(None, max_length=32)
+
+
+class NetworkPolicyPeer(_Model):
+    """networking.k8s.io/v1 NetworkPolicyPeer: pods and/or namespaces by label, or an IP block."""
+
+    namespace_selector: dict[str, Any] | None = k8s_object("metav1 LabelSelector of namespaces")
+    pod_selector: dict[str, Any] | None = k8s_object("metav1 LabelSelector of pods")
+    ip_block: dict[str, Any] | None = k8s_object("networking/v1 IPBlock (cidr, except)")
+
+
+class NetworkPolicySpec(_Model):
+    """A NetworkPolicy owned by the operator that admits to the workers' port only the peers listed
+    here, the operator (its fleet loop scrapes /metrics) and the peers the chart adds for every
+    NightjarDeployment (Prometheus: chart value networkPolicy.extraFrom). Layer 4 only: whoever is
+    admitted reaches /v1 and /metrics alike (the API key guards /v1). Needs a CNI that enforces
+    NetworkPolicy (docs/security.md)."""
+
+    enabled: bool = False
+    from_: list[NetworkPolicyPeer] = Field(default_factory=list, alias="from", max_length=32)
+    """Who may call the workers (a Gateway's pods, client namespaces), besides the operator."""
 
 
 class DrainSpec(_Model):
@@ -464,8 +497,9 @@ class NightjarDeploymentSpec(_Model):
     slo: SloSpec = Field(default_factory=SloSpec, json_schema_extra={"default": {}})
     replicas: int = Field(1, ge=0, le=1000)
     """Number of worker pods (scale subresource: kubectl scale njd, HPA)."""
-    image: str = Field(f"ghcr.io/nightjar-dev/nightjar-worker:{__version__}", min_length=1, max_length=1024, pattern=r"^\S+$")
-    """Worker container image."""
+    image: str = Field(min_length=1, max_length=1024, pattern=r"^\S+$")
+    """Worker container image (required: the CPU and CUDA builds differ, e.g.
+    ghcr.io/nightjar-dev/nightjar-worker:VERSION-cpu, or VERSION for CUDA; docs/install.md)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}})
     pod_annotations: dict[str, Annotated[str, Field(max_length=4096)]] | None = None
@@ -476,6 +510,8 @@ class NightjarDeploymentSpec(_Model):
     disruption_budget: DisruptionBudgetSpec = Field(default_factory=DisruptionBudgetSpec,
                                                     json_schema_extra={"default": {}})
     hub: HubSpec = Field(default_factory=HubSpec, json_schema_extra={"default": {}})
+    auth: AuthSpec = Field(default_factory=AuthSpec, json_schema_extra={"default": {}})
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec, json_schema_extra={"default": {}})
     model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec, json_schema_extra={"default": {}})
     vllm_args: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
         default_factory=list, max_length=100

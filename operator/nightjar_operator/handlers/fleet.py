@@ -355,6 +355,7 @@ def tick(api: Api, body: dict[str, Any], fm: FleetMemo, now: float | None = None
         msg += "; no running worker pods"
     m["attainment"].labels(*lbl).set(ev.attainment if ev.attainment is not None else float("nan"))
     m["slo_met"].labels(*lbl).set({"True": 1, "False": 0}.get(ev.status, -1))
+    m["attainment_target"].labels(*lbl).set(spec.slo.attainment)  # the alerts' objective (rules/)
     m["ttft_p95"].labels(*lbl).set(ev.ttft_p95_s if ev.ttft_p95_s is not None else float("nan"))
     m["tpot_p95"].labels(*lbl).set(ev.tpot_p95_s if ev.tpot_p95_s is not None else float("nan"))
     if fleet_all.throughput_tok_s is not None:

@@ -32,6 +32,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "ScaledObject": ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
     "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     c.KIND: (f"/apis/{c.GROUP}/{c.VERSION}", c.PLURAL),
 }
 

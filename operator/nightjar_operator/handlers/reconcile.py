@@ -26,7 +26,13 @@ from nightjar_operator.handlers.k8s import Api, api_error_reason, namespace_term
 from nightjar_operator.handlers.settings import pod_policy
 from nightjar_operator.metrics import metrics
 from nightjar_operator.reconcile.autoscaling import KEDA_VERSION, desired_autoscaler
-from nightjar_operator.reconcile.children import Owner, desired_children, override_field
+from nightjar_operator.reconcile.children import (
+    NETWORK_POLICY_VERSION,
+    Owner,
+    desired_children,
+    desired_network_policy,
+    override_field,
+)
 from nightjar_operator.reconcile.config import live_priors
 from nightjar_operator.reconcile.diff import Action, conflict_message, differences, plan, update_body
 from nightjar_operator.reconcile.routing import (
@@ -199,6 +205,15 @@ def _live_optional(api: Api, namespace: str, children: list[tuple[str, str, str]
     return out, forbidden
 
 
+ENV_NETWORK_POLICY_PEERS = "NIGHTJAR_NETWORK_POLICY_PEERS"
+
+
+def network_policy_peers() -> list[dict[str, Any]]:
+    """NetworkPolicyPeers admitted to every worker pool that has spec.networkPolicy: the operator
+    itself (its fleet loop scrapes /metrics) and Prometheus, as the chart renders them (JSON)."""
+    return list(json.loads(os.environ.get(ENV_NETWORK_POLICY_PEERS) or "[]"))
+
+
 def _forbidden(objs: list[dict[str, Any]], forbidden: set[str], field: str, values: str) -> Condition | None:
     kinds = sorted({o["kind"] for o in objs} & forbidden)
     if not kinds:
@@ -224,7 +239,7 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
             live: dict[Key, dict[str, Any] | None] = {(k, n): api.get(k, owner.namespace, n) for k, n in fixed}
             conditions = (body.get("status") or {}).get("conditions")
             optional = [("HorizontalPodAutoscaler", owner.name, api.hpa_api_version()),
-                        ("ScaledObject", owner.name, KEDA_VERSION)]
+                        ("ScaledObject", owner.name, KEDA_VERSION), ("NetworkPolicy", owner.name, NETWORK_POLICY_VERSION)]
             had_routing = get_condition(conditions, c.COND_ROUTING) is not None
             if had_routing or (spec is not None and (spec.routing.http_route or spec.routing.inference_pool)):
                 optional += [(k, n, ROUTING_VERSIONS[k]) for k, n in possible_children(owner.name)]
@@ -252,7 +267,12 @@ def reconcile(api: Api, body: dict[str, Any], trigger: str) -> dict[str, Any] | 
                 scalers = [scaler] if scaler is not None else []
                 if (refused := _forbidden(scalers, forbidden, "spec.autoscaling.engine", "operator.autoscaling")) is not None:
                     scalers, observed.autoscaling = [], refused
-                wanted += scalers + routes
+                policy = desired_network_policy(owner, spec, network_policy_peers())
+                policies = [policy] if policy is not None else []
+                if "NetworkPolicy" in forbidden and policies:
+                    policies = []
+                    observed.rejected.append("spec.networkPolicy: the operator may not manage NetworkPolicies (its RBAC)")
+                wanted += scalers + routes + policies
                 observed.conflicts = conflicts(wanted, live, owner)
                 for desired in wanted if not observed.conflicts else []:
                     key = (desired["kind"], desired["metadata"]["name"])

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nightjar_contract.engine import RUNNER_ENV, RUNNER_ENV_VALUE
 from nightjar_contract.memory import ElasticMemoryConfig
 
 from nightjar_operator import constants as c
@@ -124,16 +125,36 @@ def _shift(key: str, own: int) -> Callable[[re.Match[str]], str]:
     return lambda m: f"spec.pod.{key}[{int(m.group(1)) - own}]"
 
 
-def spec_field_of(container: str, message: str = "") -> str | None:
+# Worker env variables read from a Secret the spec names: the one place that says which field gives
+# which variable (the env is built from it, and a missing Secret is reported against the field).
+SECRET_ENV_FIELDS = {"HF_TOKEN": "spec.hub.tokenSecretRef", "VLLM_API_KEY": "spec.auth.apiKeySecretRef"}
+
+
+def secret_env(spec: NightjarDeploymentSpec) -> list[dict[str, Any]]:
+    """HF_TOKEN (Hub downloads) and VLLM_API_KEY (vLLM's own bearer check on /v1) from their Secrets.
+    A missing Secret or key keeps the container in CreateContainerConfigError (no crash loop), and
+    pod_problems names the field (spec_field_of)."""
+    refs = {"HF_TOKEN": spec.hub.token_secret_ref, "VLLM_API_KEY": spec.auth.api_key_secret_ref}
+    return [{"name": var, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+            for var, ref in refs.items() if ref is not None]
+
+
+def spec_field_of(container: str, message: str = "", env: list[dict[str, Any]] | None = None) -> str | None:
     """The spec field behind a container's failure, for error messages: a model init container's
-    image, or the Hub token Secret the worker's env cannot be built without (the kubelet says
-    ``secret "x" not found`` / ``couldn't find key K in Secret ns/x``)."""
+    image, or the Secret the worker's env cannot be built without (the kubelet says ``secret "x" not
+    found`` / ``couldn't find key K in Secret ns/x``), found through the container's ``env``."""
     role = container.removeprefix("model-")
     if container.startswith("model-") and role in ("target", "draft"):
         return f"spec.{role}.source.image"
-    if container == "worker" and "secret" in message.lower():
-        return "spec.hub.tokenSecretRef"
-    return None
+    if container != "worker" or "secret" not in message.lower():
+        return None
+    fields = []
+    for var in env or []:
+        ref = (var.get("valueFrom") or {}).get("secretKeyRef") or {}
+        name = ref.get("name")
+        if var.get("name") in SECRET_ENV_FIELDS and name and (f'"{name}"' in message or f"/{name}" in message):
+            fields.append(SECRET_ENV_FIELDS[var["name"]])
+    return ", ".join(dict.fromkeys(fields)) or None
 
 
 def model_init_containers(spec: NightjarDeploymentSpec, security: dict[str, Any]) -> list[dict[str, Any]]:
@@ -215,6 +236,9 @@ def worker_args(spec: NightjarDeploymentSpec) -> list[str]:
         args += ["--draft-revision", spec.draft.revision]
     # On SIGTERM vLLM stops admitting and lets running requests finish for this long (then aborts).
     args += ["--shutdown-timeout", str(spec.drain.drain_seconds)]
+    # The device is told, not probed: the worker's API server process then never touches CUDA
+    # before vLLM forks its engine core (serve.py).
+    args += ["--device", "cuda" if spec.resources.gpus > 0 else "cpu"]
     return args + list(spec.vllm_args)
 
 
@@ -226,17 +250,15 @@ def _env(spec: NightjarDeploymentSpec, name: str) -> list[dict[str, Any]]:
         {"name": "NIGHTJAR_TARGET_NAME", "value": spec.target.name},
         {"name": "NIGHTJAR_DRAFT_NAME", "value": spec.draft.name},
         {"name": "NIGHTJAR_MEMORY", "value": _memory_env(spec)},
+        # vLLM's V1 model runner, the one the worker's hooks are on (the worker refuses V2)
+        {"name": RUNNER_ENV, "value": RUNNER_ENV_VALUE},
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": f"{c.CACHE_DIR}/hf"},
         {"name": "VLLM_CACHE_ROOT", "value": f"{c.CACHE_DIR}/vllm"},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}},
     ]
-    tok = spec.hub.token_secret_ref
-    if tok is not None:
-        # A missing Secret or key keeps the container in CreateContainerConfigError (no crash loop);
-        # pod_problems reports it against spec.hub.tokenSecretRef.
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": tok.name, "key": tok.key}}})
+    env += secret_env(spec)
     if spec.hub.endpoint:
         env.append({"name": "HF_ENDPOINT", "value": spec.hub.endpoint})
     if spec.target.revision:
@@ -466,6 +488,30 @@ def desired_pdb(owner: Owner, spec: NightjarDeploymentSpec, api_version: str = "
         "metadata": _meta(owner, c.pdb_name(owner.name)),
         # Every worker of the pool, stable and candidate: a drain must not take more of them at once.
         "spec": {"maxUnavailable": db.max_unavailable, "selector": {"matchLabels": service_selector(owner.name)}},
+    }
+    return _with_hash(obj)
+
+
+NETWORK_POLICY_VERSION = "networking.k8s.io/v1"
+
+
+def desired_network_policy(owner: Owner, spec: NightjarDeploymentSpec,
+                           operator_peers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """spec.networkPolicy: ingress to the worker port from the spec's peers and ``operator_peers``
+    (the operator, whose fleet loop scrapes /metrics, and what the chart adds, e.g. Prometheus), or
+    None when it is off. Every worker pod of the pool is selected, candidate ones included."""
+    np = spec.network_policy
+    if not np.enabled:
+        return None
+    peers = [dict(p) for p in operator_peers] + [p.wire() for p in np.from_]
+    # A rule with no peers would admit every source: with none, the policy admits nothing.
+    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": c.HTTP_PORT}]}] if peers else []
+    obj = {
+        "apiVersion": NETWORK_POLICY_VERSION,
+        "kind": "NetworkPolicy",
+        "metadata": _meta(owner, owner.name),
+        "spec": {"podSelector": {"matchLabels": service_selector(owner.name)}, "policyTypes": ["Ingress"],
+                 "ingress": ingress},
     }
     return _with_hash(obj)
 

@@ -108,7 +108,9 @@ def pod_problems(pods: list[dict[str, Any]]) -> list[str]:
                     detail = f"exit code {code}" + (f" {why}" if why else "") + (f": {msg}" if msg else "")
                 else:
                     detail = (waiting.get("message") or "").strip()
-                field = spec_field_of(cs.get("name", ""), waiting.get("message") or "")
+                env = next((ct.get("env") for ct in (pod.get("spec") or {}).get("containers") or []
+                            if ct.get("name") == cs.get("name")), None)
+                field = spec_field_of(cs.get("name", ""), waiting.get("message") or "", env)
                 where = f"{kind} {cs.get('name', '?')}" + (f" ({field})" if field else "")
                 line = f"pod {name} {where}: {reason}" + (f" ({detail})" if detail else "")
                 out.append(" ".join(line.split())[:_MESSAGE_CHARS])
