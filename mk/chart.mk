@@ -36,7 +36,8 @@ manifests-render:
 	$(HELM_RENDER) -s templates/clusterrole.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/rbac/cluster_role.yaml
 	$(HELM_RENDER) -s templates/clusterrolebinding.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/rbac/cluster_role_binding.yaml
 	$(HELM_RENDER) -s templates/leader-election.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/rbac/leader_election.yaml
-	$(HELM_RENDER) -s templates/deployment.yaml -s templates/service.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/operator.yaml
+	$(HELM_RENDER) -s templates/aggregated-roles.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit). Aggregated into the built-in view/edit/admin roles.' > $(MANIFESTS_DIR)/rbac/aggregated_roles.yaml
+	$(HELM_RENDER) -s templates/deployment.yaml -s templates/service.yaml -s templates/webhook.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit).' > $(MANIFESTS_DIR)/operator.yaml
 	$(HELM_RENDER) -s templates/dashboards.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit). Grafana dashboards for the sidecar.' > $(MANIFESTS_DIR)/monitoring/grafana-dashboards.yaml
 	$(HELM_RENDER) --api-versions monitoring.coreos.com/v1 -s templates/servicemonitor.yaml -s templates/podmonitor.yaml -s templates/prometheusrule.yaml | sed '1i # Rendered from charts/nightjar by `make manifests` (do not edit). Needs the Prometheus Operator CRDs.' > $(MANIFESTS_DIR)/monitoring/prometheus-operator.yaml
 

@@ -102,12 +102,14 @@ def _uninstall_through_the_hook(helm, k8s, release: str, namespace: str, env: di
 
 def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_path):
     release = f"nj{namespace[-6:]}"  # cluster-scoped names (ClusterRoles) stay unique per run
-    metrics_port, health_port = free_port(), free_port()
+    metrics_port, health_port, webhook_port = free_port(), free_port(), free_port()
     env = k8s.env
     _adopt_existing_crd(k8s, release, namespace)
     values = {
         "fullnameOverride": release,
-        "operator": {"watchNamespaces": [namespace], "metricsPort": metrics_port, "healthPort": health_port},
+        "operator": {"watchNamespaces": [namespace], "metricsPort": metrics_port, "healthPort": health_port,
+                     "extraArgs": ["--webhook-host=127.0.0.1"]},  # the webhook reached on loopback, below
+        "webhook": {"port": webhook_port},
         "tests": {"workerService": "demo"},
     }
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
@@ -139,6 +141,15 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
         assert not can("create", "deployments.apps", "-n", "default"), "namespaced install must not reach other namespaces"
         assert can("update", f"leases.coordination.k8s.io/{release}-operator", "-n", namespace)
         assert not can("update", "leases.coordination.k8s.io/other", "-n", namespace)
+        assert can("update", f"secrets/{release}-operator-webhook-tls", "-n", namespace)  # that one only
+        assert can("patch", f"validatingwebhookconfigurations.admissionregistration.k8s.io/{release}-operator")
+        assert not can("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io/other")
+        # The test apiserver cannot reach a Service's ClusterIP (no kube-proxy on this node): the
+        # chart's webhook configuration is pointed at the operator process on loopback instead.
+        k8s.kubectl("patch", "validatingwebhookconfiguration", f"{release}-operator", "--type=json", "-p", json.dumps([
+            {"op": "remove", "path": "/webhooks/0/clientConfig/service"},
+            {"op": "add", "path": "/webhooks/0/clientConfig/url",
+             "value": f"https://127.0.0.1:{webhook_port}/validate-nightjardeployments"}]))
 
         # The operator, started exactly as the chart's Deployment starts it, with its token.
         c = dep["spec"]["template"]["spec"]["containers"][0]
@@ -158,7 +169,14 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
             sample["metadata"] = {"name": "demo", "namespace": namespace}
             gateway = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}}
             sample["spec"]["networkPolicy"] = {"enabled": True, "from": [gateway]}
+            # The webhook answers once the operator filled the chart's Secret and set the caBundle.
+            wait_for(lambda: k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(sample),
+                                         check=False).returncode == 0, 60, "the admission webhook", 0.5, proc=op, log=log)
             k8s.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
+            bad = {**sample, "metadata": {"name": "bad", "namespace": namespace},
+                   "spec": {**sample["spec"], "pod": {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}}}
+            refused = k8s.kubectl("apply", "-f", "-", input=yaml.safe_dump(bad), check=False)
+            assert refused.returncode != 0 and "spec.pod.volumes[0].hostPath" in refused.stderr, refused.stderr
 
             def reconciled():
                 njd = _json(k8s, "get", "njd", "demo", "-n", namespace)

@@ -46,6 +46,11 @@ def test_defaults_render_expected_objects(helm):
         "CustomResourceDefinition", "Pod", "Role", "RoleBinding",
         # the pre-delete hook (uninstall-hook.yaml)
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job",
+        # aggregated-roles.yaml: <release>-view, <release>-edit
+        "ClusterRole", "ClusterRole",
+        # webhook.yaml (certificates: operator): its Service, configuration, Secret and RBAC
+        "Service", "ValidatingWebhookConfiguration", "Secret", "Role", "RoleBinding", "ClusterRole",
+        "ClusterRoleBinding",
     ])
     dep = objs.one("Deployment", "nightjar-operator")
     spec = dep["spec"]["template"]["spec"]
@@ -55,15 +60,19 @@ def test_defaults_render_expected_objects(helm):
     # All namespaces by default: no --namespace flag; metrics and liveness on the declared ports.
     assert c["args"] == ["run", "--metrics-port=8080", "--liveness=http://0.0.0.0:8081/healthz", "--leader-elect",
                          "--lease-name=nightjar-operator", "--lease-duration=15", "--renew-deadline=10",
-                         "--retry-period=2"]
+                         "--retry-period=2", "--webhook-port=9443",
+                         "--webhook-secret=nightjar-system/nightjar-operator-webhook-tls",
+                         "--webhook-configuration=nightjar-operator",
+                         "--webhook-host=nightjar-operator-webhook.nightjar-system.svc",
+                         "--webhook-host=nightjar-operator-webhook.nightjar-system.svc.cluster.local"]
     # Two replicas, one operating: a rolling update never leaves none.
     assert dep["spec"]["replicas"] == 2
     assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     role = objs.one("Role", "nightjar-operator-leader-election")
     assert role["metadata"]["namespace"] == "nightjar-system"
     assert {v for r in role["rules"] for v in r["verbs"]} == {"create", "get", "update"}
-    assert objs.one("RoleBinding")["roleRef"]["name"] == role["metadata"]["name"]
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 8080, "health": 8081}
+    assert objs.one("RoleBinding", role["metadata"]["name"])["roleRef"]["name"] == role["metadata"]["name"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 8080, "health": 8081, "webhook": 9443}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
     svc = objs.one("Service", "nightjar-operator-metrics")
@@ -121,7 +130,8 @@ def test_namespaced_values(helm):
     assert all(rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "nightjar-operator"}
                for rb in rbs)
     # Only the cluster-scoped CRD read stays bound cluster-wide.
-    assert [crb["roleRef"]["name"] for crb in objs.of("ClusterRoleBinding")] == ["nightjar-operator-cluster"]
+    assert [crb["roleRef"]["name"] for crb in objs.of("ClusterRoleBinding")] == [
+        "nightjar-operator-cluster", "nightjar-operator-webhook"]  # + the webhook's one configuration
     # The uninstall hook may delete NightjarDeployments in the watched namespaces only.
     hook_rbs = [rb for rb in objs.of("RoleBinding") if rb["roleRef"]["name"] == "nightjar-uninstall"]
     assert sorted(rb["metadata"]["namespace"] for rb in hook_rbs) == ["team-a", "team-b"]

@@ -78,3 +78,37 @@ def test_shared_certificate_covers_the_service_and_renews_under_the_same_ca():
     assert not webhook.usable(cert, other_ca, hosts, NOW)  # not signed by the CA in the bundle
     assert webhook.ca_usable(ca, NOW + dt.timedelta(days=webhook.CA_DAYS - 61))
     assert not webhook.ca_usable(b"garbage", NOW)
+
+
+def test_the_server_answers_over_https_with_the_decision(raw_spec, tmp_path):
+    """kopf's WebhookServer driven by our handler, on loopback with a certificate from a directory
+    (the cert-manager layout), verified against its CA as the apiserver does."""
+    import ssl
+    import time
+
+    import httpx
+    from helpers import free_port
+
+    ca_key, ca = webhook.new_ca(NOW.replace(year=dt.datetime.now().year))
+    key, cert = webhook.new_serving_cert(ca_key, ca, ("127.0.0.1",), dt.datetime.now(dt.timezone.utc))
+    for name, data in (("ca.crt", ca), ("tls.crt", cert), ("tls.key", key)):
+        (tmp_path / name).write_bytes(data)
+    port = free_port()
+    serving = webhook.start(webhook.WebhookSettings(port=port, addr="127.0.0.1", cert_dir=str(tmp_path)))
+    try:
+        bad = {**raw_spec, "speculation": {"maxGamma": 40}}
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": _request(bad)}
+        url = f"https://127.0.0.1:{port}/validate-nightjardeployments"
+        for _ in range(50):
+            try:
+                r = httpx.post(url, json=review, timeout=5, trust_env=False,
+                               verify=ssl.create_default_context(cafile=str(tmp_path / "ca.crt")))
+                break
+            except httpx.ConnectError:
+                time.sleep(0.1)
+        out = r.json()["response"]
+        assert out["uid"] == "u-1" and out["allowed"] is False
+        assert "spec.speculation.maxGamma" in out["status"]["message"]
+    finally:
+        serving.stop()
+    assert not serving.thread.is_alive()

@@ -12,8 +12,8 @@ Certificates, chosen by the chart (``webhook.certificates``):
 * ``cert-manager``: a Certificate's Secret is mounted (``--webhook-cert-dir``, files ``tls.crt`` and
   ``tls.key``) and cert-manager's CA injector fills the configuration's ``caBundle``.
 * ``operator``: the replicas share one self-signed CA and serving certificate in a Secret
-  (``--webhook-secret``): the first to start creates it (a concurrent creator gets 409 and reads the
-  winner's), every replica serves from it and keeps the configuration's ``caBundle`` set
+  (``--webhook-secret``, created empty by the chart): the first to start fills it (a concurrent
+  writer gets 409 and reads the winner's), every replica serves from it and keeps the configuration's ``caBundle`` set
   (``--webhook-configuration``). The CA lives ten years; the serving certificate one year and is
   renewed, under the same CA, when it has less than 60 days left (checked at start and twice a day),
   so the ``caBundle`` does not change under a replica that has not reloaded yet.
@@ -184,15 +184,18 @@ def ensure_material(api: Api, secret: str, hosts: tuple[str, ...]) -> Material:
         ca_ok = {"ca.crt", "ca.key"} <= set(data) and ca_usable(data["ca.crt"], now)
         ca_key, ca = (data["ca.key"], data["ca.crt"]) if ca_ok else new_ca(now)
         key, cert = new_serving_cert(ca_key, ca, hosts, now)
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": name, "namespace": namespace,
                              "labels": {"app.kubernetes.io/managed-by": "nightjar-operator"}},
                 "data": {"ca.crt": _b64(ca), "ca.key": _b64(ca_key), "tls.crt": _b64(cert), "tls.key": _b64(key)}}
         try:
-            if live is None:
+            if live is None:  # the chart creates it (empty); a run outside the chart creates it here
                 api.request("POST", f"/api/v1/namespaces/{namespace}/secrets", body)
-            else:
-                body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+            else:  # keep the chart's labels and type; fill or renew the data
+                lm = live["metadata"]
+                body["metadata"] = {"name": name, "namespace": namespace, "resourceVersion": lm["resourceVersion"],
+                                    "labels": lm.get("labels") or {}, "annotations": lm.get("annotations") or {}}
+                body["type"] = live.get("type", "Opaque")
                 api.request("PUT", path, body)
         except ApiException as e:
             if e.status == 409:  # another replica wrote it first: use theirs
@@ -242,9 +245,25 @@ async def _handle(request: dict[str, Any], **_: Any) -> dict[str, Any]:
     return response(req, decision)
 
 
-def start(settings: WebhookSettings, api: Api | None = None) -> threading.Thread:
+@dataclass
+class Serving:
+    """A running webhook server (one per replica); ``stop`` is for tests and clean shutdowns."""
+
+    thread: threading.Thread
+    loop: asyncio.AbstractEventLoop
+    task: asyncio.Task[None]
+    stopped: threading.Event
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.loop.call_soon_threadsafe(self.task.cancel)
+        self.thread.join(10)
+
+
+def start(settings: WebhookSettings, api: Api | None = None) -> Serving:
     """Serve the webhook from a daemon thread (its own event loop: the same in a standby replica,
     which runs no kopf loop, and in the leader). Certificates are ready before this returns."""
+    stopped = threading.Event()
     if settings.cert_dir:
         cafile: str | None = os.path.join(settings.cert_dir, "ca.crt")
         certfile, pkeyfile = (os.path.join(settings.cert_dir, f) for f in ("tls.crt", "tls.key"))
@@ -257,7 +276,7 @@ def start(settings: WebhookSettings, api: Api | None = None) -> threading.Thread
         cafile, certfile, pkeyfile = _write(work, material)
         if settings.configuration:
             ensure_ca_bundle(api, settings.configuration, material.ca)
-        threading.Thread(target=_renew, args=(api, settings, work), name="webhook-certs", daemon=True).start()
+        threading.Thread(target=_renew, args=(api, settings, work, stopped), name="webhook-certs", daemon=True).start()
     else:
         raise ValueError("the webhook needs --webhook-cert-dir (cert-manager) or --webhook-secret (operator-managed)")
     server = kopf.WebhookServer(addr=settings.addr, port=settings.port, certfile=certfile, pkeyfile=pkeyfile,
@@ -268,16 +287,26 @@ def start(settings: WebhookSettings, api: Api | None = None) -> threading.Thread
             async for config in server(_handle):
                 log.info("admission webhook serving on :%d (%s)", settings.port, config.get("url"))
 
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), name="admission-webhook", daemon=True)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(serve())
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="admission-webhook", daemon=True)
     thread.start()
-    return thread
+    return Serving(thread, loop, task, stopped)
 
 
-def _renew(api: Api, settings: WebhookSettings, work: str) -> None:
+def _renew(api: Api, settings: WebhookSettings, work: str, stopped: threading.Event) -> None:
     """Twice a day: renew the shared certificate if due (any replica may), reload its files."""
     assert settings.secret is not None
-    while True:
-        threading.Event().wait(RECHECK_S)
+    while not stopped.wait(RECHECK_S):
         try:
             material = ensure_material(api, settings.secret, settings.hosts)
             _write(work, material)
