@@ -199,6 +199,9 @@ def test_the_api_needs_the_key_and_probes_and_metrics_do_not(installed):
     wrong = {"Authorization": "Bearer not-the-key"}
     assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=wrong, timeout=60).status_code == 401
     assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 401
+    # Generation outside /v1 that vLLM's own check leaves open (SageMaker's /invocations): the
+    # worker's middleware (nightjar_worker.apikey) asks the key there too.
+    assert httpx.post(f"{url}/invocations", json=body, timeout=60).status_code == 401
     ok = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
     assert ok.status_code == 200 and ok.json()["data"][0]["id"] == MODEL, ok.text
     (pod,) = worker_pods(installed)

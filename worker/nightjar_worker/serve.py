@@ -36,6 +36,8 @@ from pathlib import Path
 from nightjar_worker.engine.engine_args import DTYPES, cli_args, detect_device, engine_kwargs
 
 ADMIN_MIDDLEWARE = "nightjar_worker.admin.AdminMiddleware"
+# With VLLM_API_KEY, the key on the paths vLLM's own check leaves open (/invocations, ...).
+APIKEY_MIDDLEWARE = "nightjar_worker.apikey.ApiKeyMiddleware"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +166,8 @@ def vllm_argv(args: argparse.Namespace, passthrough: Sequence[str]) -> list[str]
             raise SystemExit(f"--spec-per-batch-size: {e}") from None
         spec["num_speculative_tokens_per_batch_size"] = table
         spec["num_speculative_tokens"] = max(1, max(k for _, _, k in table))
-    argv = cli_args(kw) + ["--host", args.host, "--port", str(args.port), "--middleware", ADMIN_MIDDLEWARE]
+    argv = cli_args(kw) + ["--host", args.host, "--port", str(args.port), "--middleware", ADMIN_MIDDLEWARE,
+                           "--middleware", APIKEY_MIDDLEWARE]
     if not any(a == "--served-model-name" or a.startswith("--served-model-name=") for a in passthrough):
         # In a pod the operator sets the NightjarDeployment's display name (spec.target.name): clients
         # call the model by it, not by the directory the files were copied to.
