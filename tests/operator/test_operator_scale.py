@@ -108,6 +108,8 @@ def test_200_objects_two_replicas_and_a_killed_leader(k8s, crd, namespace, tmp_p
         leader = next(o for o in ops.values() if holder.startswith(o.ident + "_"))
         follower = next(o for o in ops.values() if o is not leader)
         wait_for(lambda: "running the operator" in leader.text(), 30, "the leader's operator")
+        # Every replica serves /metrics, the standby too: a Service over both has no failing target.
+        assert (leader.metric("nightjar_operator_leader"), follower.metric("nightjar_operator_leader")) == (1, 0)
         base_threads = int(_proc_status(leader.proc.pid)["Threads"])
 
         created: dict[str, float] = {}
@@ -151,6 +153,7 @@ def test_200_objects_two_replicas_and_a_killed_leader(k8s, crd, namespace, tmp_p
         new = wait_for(lambda: (h := _holder(api, namespace)) and h.startswith(follower.ident + "_") and h,
                        60, "the follower holding the lease")  # fmt: skip
         wait_for(lambda: "running the operator" in follower.text(), 30, "the new leader's operator")
+        assert follower.metric("nightjar_operator_leader") == 1
         handover_s = time.monotonic() - killed_at
         api.request("DELETE", f"/apis/apps/v1/namespaces/{namespace}/deployments/m000")
         body = cr(f"m{N:03d}", replicas=1)
