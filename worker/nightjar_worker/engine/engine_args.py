@@ -39,15 +39,6 @@ ASYNC_SCHEDULING_OFF_REASON = (
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def detect_device() -> Device:
-    """``cuda`` when torch sees a GPU, else ``cpu`` (the CPU image ships a CPU-only torch)."""
-    try:
-        import torch
-    except ImportError:
-        return "cpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def resolve_model(model: str | os.PathLike[str], field: str) -> tuple[str, bool]:
     """(what vLLM gets, is it a local directory). A directory must hold ``config.json``; anything
     else must look like a Hub repo id, or the error names ``field``."""

@@ -75,3 +75,38 @@ def check_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str]) ->
             f"speculative_config: draft model {os.fspath(draft)!r} cannot draft for target model "
             f"{os.fspath(target)!r}: " + "; ".join(problems) + ". Use a draft with the target's tokenizer."
         )
+
+
+# What the pair check reads of a Hub model: vLLM downloads the target's tokenizer and both configs,
+# not the draft's tokenizer, so the check fetches these few small files itself.
+PAIR_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def model_files(model: str, revision: str | None = None, cache_dir: str | None = None) -> str:
+    """A folder holding ``model``'s config and tokenizer: ``model`` itself if it is a folder, else its
+    snapshot in the Hugging Face cache (vLLM's download dir), fetching ``PAIR_FILES`` that are missing
+    (``HF_HUB_OFFLINE`` and ``HF_TOKEN`` apply as they do to vLLM)."""
+    if os.path.isdir(model):
+        return model
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(repo_id=model, revision=revision, cache_dir=cache_dir, allow_patterns=list(PAIR_FILES))
+
+
+def check_model_pair(target: str, draft: str, *, target_revision: str | None = None,
+                     draft_revision: str | None = None, cache_dir: str | None = None) -> None:
+    """``check_pair`` for folders or Hub repo ids (after vLLM has downloaded them). A pair whose files
+    cannot be read raises ``DraftPairMismatch`` too: a worker that cannot check its pair says so."""
+    try:
+        t = model_files(target, target_revision, cache_dir)
+        d = model_files(draft, draft_revision, cache_dir)
+    except Exception as e:  # noqa: BLE001 - huggingface_hub raises several unrelated types
+        raise DraftPairMismatch(
+            f"speculative_config: cannot read the tokenizers of target model {target!r} and draft model {draft!r} "
+            f"to compare them: {type(e).__name__}: {e}"
+        ) from e
+    try:
+        check_pair(t, d)
+    except DraftPairMismatch as e:  # name the models as the user gave them, not their cache folders
+        raise DraftPairMismatch(str(e).replace(repr(d), repr(draft)).replace(repr(t), repr(target))) from None

@@ -1,6 +1,6 @@
-"""The model-runner side of Nightjar, installed into vLLM's ``GPUModelRunner`` (which the CPU runner
+"""The model-runner side of Nightjar, installed into vLLM's V1 ``GPUModelRunner`` (which the CPU runner
 subclasses) by the plugin. No vLLM file is modified; two methods are wrapped, version-pinned to
-vLLM 0.32 (``version.py``):
+vLLM 0.32 (``version.py``); ``hooks.py`` says why V1 and checks at start-up that they run:
 
 * ``propose_draft_token_ids``: with the Nightjar scheduler and a ``draft_model`` speculative config,
   routed through ``DraftCatchup.on_propose``: at ``num_spec_tokens_to_schedule == 0`` it returns an
@@ -9,8 +9,8 @@ vLLM 0.32 (``version.py``):
 * ``sample_tokens``: on a step whose source is "ngram" (``scheduler_output.nightjar_source``),
   fills in the prompt-lookup drafts once vLLM's bookkeeping has appended the sampled tokens
   (``ngram.py``); then attaches what the worker measured (catch-up seconds and tokens, draft
-  forward count) to the returned ``ModelRunnerOutput`` as attribute ``nightjar_stats`` (a plain
-  dict; the object is pickled to the EngineCore process as is), where ``NightjarScheduler`` reads it.
+  forward count) to the returned ``ModelRunnerOutput`` as a ``WorkerStepStats`` (the contract's
+  ``nightjar_contract.engine``), where ``NightjarScheduler`` reads it.
 
 Runners whose engine does not use ``NightjarScheduler`` are left on vLLM's code paths.
 """
@@ -18,33 +18,13 @@ Runners whose engine does not use ``NightjarScheduler`` are left on vLLM's code 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
+from nightjar_contract.engine import WORKER_STATS_ATTR, WorkerStepStats
+
+from nightjar_worker.engine.hooks import is_hook, nightjar_enabled
+
 log = logging.getLogger("nightjar.engine")
-
-_PATCHED_ATTR = "_nightjar_patched"
-
-
-def nightjar_enabled(vllm_config: Any) -> bool:
-    if os.environ.get("NIGHTJAR_ENGINE", "1") == "0":
-        return False
-    spec = getattr(vllm_config, "speculative_config", None)
-    if spec is None or not spec.uses_draft_model():
-        return False
-    cls = vllm_config.scheduler_config.scheduler_cls
-    name = cls if isinstance(cls, str) else f"{getattr(cls, '__module__', '')}.{getattr(cls, '__qualname__', '')}"
-    if not name:
-        return False
-    if name.endswith("NightjarScheduler"):
-        return True
-    try:  # a subclass of ours under another name
-        from nightjar_worker.engine.scheduler import NightjarScheduler
-
-        return isinstance(cls, type) and issubclass(cls, NightjarScheduler)
-    except Exception:  # noqa: BLE001
-        return False
-
 
 def _catchup(runner: Any) -> Any:
     c = runner.__dict__.get("_nightjar_catchup", False)
@@ -73,9 +53,7 @@ def install() -> bool:
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from nightjar_worker.engine.catchup import WorkerStepStats
-
-    if getattr(GPUModelRunner, _PATCHED_ATTR, False):
+    if is_hook(GPUModelRunner.sample_tokens):
         return False
     orig_propose = GPUModelRunner.propose_draft_token_ids
     orig_sample = GPUModelRunner.sample_tokens
@@ -104,12 +82,11 @@ def install() -> bool:
                 # the draft proposed nothing: without this the next step (an n-gram one, say)
                 # would verify vLLM's zeros, a wasted verification counted as the draft's drafts
                 self._draft_token_ids = [[] for _ in self.input_batch.req_ids]
-            out.nightjar_stats = stats.as_dict()
+            setattr(out, WORKER_STATS_ATTR, stats)
         return out
 
     propose_draft_token_ids.__wrapped__ = orig_propose  # type: ignore[attr-defined]
     sample_tokens.__wrapped__ = orig_sample  # type: ignore[attr-defined]
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
     GPUModelRunner.sample_tokens = sample_tokens
-    setattr(GPUModelRunner, _PATCHED_ATTR, True)
     return True

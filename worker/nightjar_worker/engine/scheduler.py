@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from nightjar_contract.engine import worker_stats
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from nightjar_worker.engine import hooks
 from nightjar_worker.engine.step_prompt import pending_prompt_tokens
 from nightjar_worker.engine.version import check_vllm_version
 
@@ -40,17 +42,35 @@ log = logging.getLogger("nightjar.engine")
 NIGHTJAR_SCHEDULER_CLS = "nightjar_worker.engine.scheduler.NightjarScheduler"
 
 
+@dataclass(frozen=True, slots=True)
+class InflightStep:
+    """What ``schedule()`` decided for the step ``update_from_output()`` will report on."""
+
+    output: Any  # vLLM's SchedulerOutput of the step
+    start: float  # perf_counter at the start of schedule()
+    gamma: int
+    batch: int  # the context gamma was decided at
+    decide_s: float
+    prompt_tokens: int  # the prefill estimate gamma was decided with
+    source: str  # where this step's proposals come from
+    verified_source: str  # whose proposals this step verifies (the previous step's source)
+
+
 class NightjarScheduler(Scheduler):
     record_per_request = False  # the profiler switches it on; serving must not need it set
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         check_vllm_version()
+        # the runner half of Nightjar must run in the workers (hooks.py); each step's output proves it
+        self._hooks_required = hooks.nightjar_enabled(vllm_config)
+        if self._hooks_required:
+            hooks.require(hooks.config_problem(vllm_config))
         _check_pair(vllm_config)
         super().__init__(vllm_config, *args, **kwargs)
         spec = vllm_config.speculative_config
         self.nightjar_enabled = spec is not None and self.num_spec_tokens > 0
         self.nightjar_step = 0
-        self._inflight: tuple[Any, float, int, int, float, int, str, str] | None = None
+        self._inflight: InflightStep | None = None
         self._proposal_source = "draft"  # of the last step's proposals (verified by the next step)
         self.nightjar_control: Any = None
         # Per-request draft/accept counts, filled only while ``record_per_request`` is set (profiler):
@@ -115,7 +135,7 @@ class NightjarScheduler(Scheduler):
         verified = self._proposal_source
         if out.total_num_scheduled_tokens > 0:
             self._proposal_source = source
-        self._inflight = (out, t0, gamma, batch, decide_s, prompt, source, verified)
+        self._inflight = InflightStep(out, t0, gamma, batch, decide_s, prompt, source, verified)
         return out
 
     def _prefix_hit(self, request: Any) -> int:
@@ -130,14 +150,19 @@ class NightjarScheduler(Scheduler):
         t1 = time.perf_counter()
         result = super().update_from_output(scheduler_output, model_runner_output)
         inflight, self._inflight = self._inflight, None
-        if inflight is not None and inflight[0] is scheduler_output and scheduler_output.total_num_scheduled_tokens > 0:
+        if inflight is not None and inflight.output is scheduler_output and scheduler_output.total_num_scheduled_tokens > 0:
             self._feedback(inflight, t1, scheduler_output, model_runner_output)
         return result
 
-    def _feedback(self, inflight: tuple, t1: float, so: Any, mro: Any) -> None:
+    def _feedback(self, step: InflightStep, t1: float, so: Any, mro: Any) -> None:
         from nightjar_worker.planner.policy import StepFeedback
 
-        _, t0, gamma, batch, decide_s, prompt, source, verified = inflight
+        worker = worker_stats(mro)
+        if worker is None and self._hooks_required:
+            hooks.require(
+                "the model runner returned a step without Nightjar's stats: its hooks did not run in the worker "
+                "(the nightjar vLLM plugin was not loaded there: VLLM_PLUGINS?)"
+            )
         tokens = drafts = accepted = prefill = 0
         sampled = mro.sampled_token_ids or []
         index = mro.req_id_to_index or {}
@@ -154,33 +179,31 @@ class NightjarScheduler(Scheduler):
                         rec = self.request_acceptance.get(req_id)
                         if rec is None:
                             req = self.requests.get(req_id)
-                            prompt = tuple(req.prompt_token_ids or ()) if req is not None else ()
-                            rec = self.request_acceptance[req_id] = [prompt, 0, 0]
+                            prompt_ids = tuple(req.prompt_token_ids or ()) if req is not None else ()
+                            rec = self.request_acceptance[req_id] = [prompt_ids, 0, 0]
                         rec[1] += n_spec
                         rec[2] += max(0, len(gen) - 1)
             prefill += max(0, n_sched - 1 - n_spec)
-        worker = getattr(mro, "nightjar_stats", None) or {}
-        catchup_s = float(worker.get("catchup_s", 0.0))
-        lag = int(worker.get("draft_lag_tokens", -1))
+        catchup_s = worker.catchup_s if worker is not None else 0.0
         rec = StepFeedback(
-            batch_size=max(1, batch),
-            gamma=gamma,
-            step_time_s=max(1e-9, (t1 - t0) - catchup_s),
+            batch_size=max(1, step.batch),
+            gamma=step.gamma,
+            step_time_s=max(1e-9, (t1 - step.start) - catchup_s),
             tokens_emitted=tokens,
             num_draft_tokens=drafts,
             num_accepted_tokens=accepted,
             switch_cost_s=catchup_s,
             prefill_tokens=prefill,
-            draft_lag_tokens=lag if lag >= 0 else None,
-            catchup_tokens=int(worker["catchup_tokens"]) if "catchup_tokens" in worker else None,
+            draft_lag_tokens=worker.draft_lag_tokens if worker is not None else None,
+            catchup_tokens=worker.catchup_tokens if worker is not None else None,
             step=self.nightjar_step,
             num_reqs=len(so.num_scheduled_tokens),
-            draft_forwards=int(worker.get("draft_forwards", 0)),
-            decide_prompt_tokens=prompt,
-            decide_s=decide_s,
+            draft_forwards=worker.draft_forwards if worker is not None else 0,
+            decide_prompt_tokens=step.prompt_tokens,
+            decide_s=step.decide_s,
             time=time.time(),
-            source=source if gamma > 0 else "draft",
-            drafts_source=verified if drafts else None,
+            source=step.source if step.gamma > 0 else "draft",
+            drafts_source=step.verified_source if drafts else None,
         )
         self.nightjar_step += 1
         self.nightjar_control.observe(rec)
@@ -194,15 +217,14 @@ class NightjarScheduler(Scheduler):
 
 
 def _check_pair(vllm_config: Any) -> None:
-    """Refuse a draft whose tokenizer/vocabulary differs from the target's (local folders only)."""
+    """Refuse a draft whose tokenizer/vocabulary differs from the target's: folders as they are, Hub
+    models from vLLM's download cache (the scheduler starts after the workers loaded the weights)."""
     spec = vllm_config.speculative_config
     if spec is None or getattr(spec, "draft_model_config", None) is None or spec.method in ("ngram", "suffix"):
         return
-    target = vllm_config.model_config.tokenizer or vllm_config.model_config.model
-    draft = spec.draft_model_config.model  # vLLM hands the draft the target's tokenizer: check its own folder
-    if not (os.path.isdir(target) and os.path.isdir(draft)):
-        log.warning("nightjar: draft/target tokenizer check skipped (not local folders: %s, %s)", target, draft)
-        return
-    from nightjar_worker.engine.pair_check import check_pair
+    from nightjar_worker.engine.pair_check import check_model_pair
 
-    check_pair(target, draft)
+    mc, dc = vllm_config.model_config, spec.draft_model_config
+    # vLLM hands the draft the target's tokenizer: compare the draft's own files
+    check_model_pair(mc.tokenizer or mc.model, dc.model, target_revision=mc.tokenizer_revision or mc.revision,
+                     draft_revision=dc.revision, cache_dir=vllm_config.load_config.download_dir)

