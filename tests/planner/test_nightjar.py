@@ -534,7 +534,7 @@ def test_noise_estimate_is_that_of_the_per_token_mean():
                                  num_accepted_tokens=tokens - 4))
     r = sum(t for t, _ in steps) / sum(b for _, b in steps)
     cv = (len(steps) * sum((t - r * b) ** 2 for t, b in steps)) ** 0.5 / sum(t for t, _ in steps)
-    assert pol.buckets[pol.bucket(4)].cvs()[pol.arms.index(2)] == pytest.approx(cv, rel=0.05)
+    assert pol.estimator.cvs(pol.bucket(4))[pol.arms.index(2)] == pytest.approx(cv, rel=0.05)
 
 
 def test_prior_pseudo_counts_are_capped():

@@ -28,12 +28,13 @@ def _observe(bk: Bucket, i: int, loss: float, tokens: int = 4, steps: int = 1, s
              noise: float = 0.0) -> None:
     for _ in range(steps):
         x = loss * (1 + noise * _RNG.gauss(0, 1))
-        bk.cells[i].observe(bk.w, x, tokens, x * tokens, 0, 1.0, 1.0 / tokens, tokens, True)
+        bk.cells[i].observe(bk.w, loss=x, tokens=tokens, time_s=x * tokens, prompt_tokens=0, normf=1.0, batch=tokens,
+                            ratio_of_sums=True)
         bk.discount(steady, growing=True)
 
 
 def _mean(bk: Bucket, i: int) -> float:
-    return bk.cells[i].s / bk.cells[i].n
+    return bk.cells[i].loss_sum / bk.cells[i].count
 
 
 # -- cells -------------------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ def test_the_gate_closes_on_a_never_accepted_draft_and_reopens_as_its_counts_dec
     for _ in range(1000):
         g.observe(0, 0)
     assert not g.closed()
-    ok = AcceptanceGate(0.05, 64, 100, 2.0)
+    ok = AcceptanceGate(min_acceptance=0.05, min_tokens=64, halflife_steps=100, z=2.0)
     for _ in range(20):
         ok.observe(40, 20)
     assert not ok.closed()
@@ -130,7 +131,7 @@ def test_the_catch_up_line_is_fitted_over_resumes_and_predicts_with_the_bucket_f
     sw.observe(StepFeedback(batch_size=8, gamma=1, step_time_s=1.0, tokens_emitted=8), 1, 0.5)  # a fill excess
     assert sw.predict(1000, 1) == pytest.approx(0.2 + 10 + 0.5)
     assert sw.predict(1000, 0) == pytest.approx(0.2 + 10)
-    sw.override = 0.05
+    sw.configure(override=0.05)
     assert sw.predict(1000, 1) == 0.05
 
 
@@ -159,7 +160,7 @@ def test_dwell_tracks_the_policy_own_run_lengths():
             d.step(flipped=k == 0, was_on=True)  # 10 steps off after each turn-off
         for k in range(5):
             d.step(flipped=k == 0, was_on=False)  # 5 on after each turn-on
-    assert d.mean == pytest.approx([10, 5], rel=0.02)
+    assert (d.mean(on=False), d.mean(on=True)) == pytest.approx((10, 5), rel=0.02)
 
 
 # -- prefill -------------------------------------------------------------------------------------------
@@ -181,7 +182,7 @@ def test_the_prefill_slope_is_learnt_per_draft_state_and_the_draft_share_charged
 def test_before_both_states_have_seen_prompts_the_prior_then_the_catch_up_rate_prices_the_draft():
     pc = PrefillCost(amortise=True, catchup_rate=lambda: 0.007)
     assert pc.draft_slope() == 0.007
-    pc.prior_dps = 0.004
+    pc.set_prior_slope(0.004)
     assert pc.draft_slope() == 0.004
 
 
@@ -196,27 +197,26 @@ def _bucket_with_priors(prior_means: dict[int, float], count: float = 20.0) -> B
 
 def test_priors_load_capped_and_a_level_shift_rescales_them_all():
     bk = _bucket_with_priors({0: 0.010, 1: 0.008, 2: 0.009})
-    assert bk.has_prior and bk.cells[0].pn / bk.w == 16.0
+    assert bk.has_prior and bk.cells[0].prior_count / bk.w == 16.0
     _observe(bk, 0, 0.020, steps=30)  # this worker is twice as slow on both arms it tried
     _observe(bk, 1, 0.016, steps=30)
-    v = reconcile(bk, [x.s for x in bk.cells], bk.cvs, z=2.0)
+    v = reconcile(bk, [x.loss_sum for x in bk.cells], bk.cvs, z=2.0)
     assert v.rescaled and v.dropped == 0
-    assert bk.cells[2].ps / bk.cells[2].pn == pytest.approx(0.018, rel=0.02)  # the untried arm follows
+    assert bk.cells[2].prior_loss_sum / bk.cells[2].prior_count == pytest.approx(0.018, rel=0.02)  # the untried arm follows
 
 
 def test_a_prior_contradicted_by_one_arm_alone_is_dropped():
     bk = _bucket_with_priors({0: 0.010, 1: 0.008})
     _observe(bk, 0, 0.010, steps=30, noise=0.05)  # agrees
     _observe(bk, 1, 0.016, steps=30, noise=0.05)  # twice its prior
-    v = reconcile(bk, [x.s for x in bk.cells], bk.cvs, z=2.0)
+    v = reconcile(bk, [x.loss_sum for x in bk.cells], bk.cvs, z=2.0)
     assert v == type(v)(rescaled=False, dropped=1)
-    assert bk.cells[1].pn == 0 and 1 in bk.dropped and bk.cells[0].pn > 0
+    assert bk.cells[1].prior_count == 0 and 1 in bk.dropped and bk.cells[0].prior_count > 0
 
 
 # -- estimates and flips ------------------------------------------------------------------------------------
 def _estimator(share: bool = True) -> Estimator:
-    bks = [Bucket(lo, 3) for lo in (1, 2, 4)]
-    return Estimator(bks, ArmSet.build(ARMS), PrefillCost(amortise=False, catchup_rate=lambda: None), share=share)
+    return Estimator((1, 2, 4), ArmSet.build(ARMS), PrefillCost(amortise=False, catchup_rate=lambda: None), share=share)
 
 
 def test_a_neighbour_lends_an_untried_arm_rescaled_by_an_arm_both_have_tried():
@@ -247,10 +247,11 @@ def test_exploration_tries_what_the_bucket_has_not_and_the_paper_draws_uniformly
     est = _estimator(share=False)
     sched = [Schedule() for _ in est.buckets]
     flips = FlipPricer(est, SwitchCost(3), Dwell(32.0), Excursions(3, 32.0), 32)
-    ex = PrunedExplorer(random.Random(0), est.arms, est.buckets, sched, flips, monotone=False, eliminate=False)
+    ex = PrunedExplorer(random.Random(0), est.arms, est, sched, flips, monotone=False, eliminate=False)
     _observe(est.buckets[1], 0, 0.02, steps=10)
     _observe(est.buckets[1], 1, 0.015, steps=10)
-    k = Candidates(1, [0, 1, 2], *est.estimates(1), eff=[0.02, 0.015, None], best=1)
+    means, counts = est.estimates(1)
+    k = Candidates(c=1, cand=[0, 1, 2], means=means, counts=counts, eff=[0.02, 0.015, None], best=1)
     k.eff = [0.02, 0.015, None]
     assert ex.choose(k, on_now=True, slo=None) == 2  # untried
     assert ex.hold(k, 2, left=5, raising=True) == 1  # n + 1 steps: 0 observations, one more for the fill
@@ -262,10 +263,10 @@ def test_the_monotone_prior_keeps_exploration_between_the_neighbours_best_arms()
     est = _estimator(share=False)
     sched = [Schedule() for _ in est.buckets]
     flips = FlipPricer(est, SwitchCost(3), Dwell(32.0), Excursions(3, 32.0), 32)
-    ex = PrunedExplorer(random.Random(0), est.arms, est.buckets, sched, flips, monotone=True, eliminate=False)
+    ex = PrunedExplorer(random.Random(0), est.arms, est, sched, flips, monotone=True, eliminate=False)
     _observe(est.buckets[2], 0, 0.01, steps=200)  # bucket 4 (larger batch) is established on gamma 1
     sched[2].best = 1
-    k = Candidates(1, [0, 1, 2], [None] * 3, [0.0] * 3, [None] * 3, best=-1)
+    k = Candidates(c=1, cand=[0, 1, 2], means=[None] * 3, counts=[0.0] * 3, eff=[None] * 3, best=-1)
     picks = {ex.choose(k, on_now=True, slo=None) for _ in range(30)}
     assert picks <= {1, 2}  # never below the larger batch's best gamma
 

@@ -63,11 +63,12 @@ Evidence is discounted per observation (``discount``) so the planner tracks drif
 The parts, one file each: ``cells`` (per bucket x arm statistics), ``estimates`` (means with
 priors, neighbours and prefill corrections), ``prefill``, ``switching`` (C_switch), ``excursions``,
 ``flips`` (pricing a flip), ``gate`` (acceptance), ``schedule`` (blocks and bins), ``explore``
-(what an exploration bin plays), ``priors`` (loading and reconciliation); ``policy`` composes them.
+(what an exploration bin plays), ``priors`` (loading and reconciliation); ``bandit`` composes them
+(``NightjarPolicy``).
 
 Step contract: see ``planner/policy.py``. ``decide`` is O(1) on the common path (inside a bin).
 """
 
-from nightjar_worker.planner.nightjar.policy import NightjarPolicy
+from nightjar_worker.planner.nightjar.bandit import NightjarPolicy
 
 __all__ = ["NightjarPolicy"]

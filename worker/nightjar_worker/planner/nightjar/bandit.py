@@ -7,9 +7,7 @@ from dataclasses import dataclass
 
 from nightjar_contract.planner import PlannerConfig, PlannerPriors, PriorEntry, bucket_index
 
-from nightjar_worker.planner.nightjar import priors as prior_rules
 from nightjar_worker.planner.nightjar.arms import ArmSet
-from nightjar_worker.planner.nightjar.cells import Bucket
 from nightjar_worker.planner.nightjar.estimates import Estimator
 from nightjar_worker.planner.nightjar.excursions import Excursions
 from nightjar_worker.planner.nightjar.explore import (
@@ -22,11 +20,11 @@ from nightjar_worker.planner.nightjar.flips import FlipPricer
 from nightjar_worker.planner.nightjar.gate import AcceptanceGate
 from nightjar_worker.planner.nightjar.prefill import PrefillCost
 from nightjar_worker.planner.nightjar.schedule import Schedule
-from nightjar_worker.planner.nightjar.switching import Dwell, PaperSwitchCost, SwitchCost
+from nightjar_worker.planner.nightjar.switching import Dwell, PaperSwitchCost, Pipeline, SwitchCost
 from nightjar_worker.planner.policy import SOURCES, PlannerStats, StepFeedback
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Scheme:
     """What separates the paper's algorithm from Nightjar's, fixed when the policy is built
     (``paper_mode`` is a rebuild field). The extensions that are run-time knobs are turned off
@@ -40,15 +38,21 @@ class Scheme:
     warm_schedule: bool  # priors move a bucket's exploration schedule on
 
 
-NIGHTJAR = Scheme(SwitchCost, True, True, True, True, True)
-PAPER = Scheme(PaperSwitchCost, False, False, False, False, False)
+NIGHTJAR = Scheme(switch_cost=SwitchCost, pruned_exploration=True, ratio_of_sums=True, detect_fill=True,
+                  guard_flips=True, warm_schedule=True)
+PAPER = Scheme(switch_cost=PaperSwitchCost, pruned_exploration=False, ratio_of_sums=False, detect_fill=False,
+               guard_flips=False, warm_schedule=False)
 _PAPER_OFF = {"share_neighbours": False, "eliminate": False, "monotone_prior": False, "hysteresis": 0.0,
               "normalise_batch": False, "growing_window": False, "prefill_correction": False,
               "min_acceptance": 0.0}
 
 
 class NightjarPolicy:
-    """Contextual bandit over batch-size buckets (``GammaPolicy`` and ``PlannerView``)."""
+    """Contextual bandit over batch-size buckets (``GammaPolicy`` and ``PlannerView``).
+
+    It composes the parts: ``decide`` asks them (the bucket's schedule, then the estimates, the
+    flip pricing and the explorer at a new bin), ``observe`` hands them the step record. Each part
+    owns its state; the policy keeps only the last decision and its own counters."""
 
     name = "nightjar"
 
@@ -62,19 +66,19 @@ class NightjarPolicy:
         nb, amort = len(self._edges), config.switch_amortise_steps
         rng = random.Random(config.seed)
         self.rng = rng
-        self.buckets = [Bucket(lo, len(self._arms)) for lo in self._edges]
         self.schedules = [Schedule() for _ in self._edges]
         self.switch = self.scheme.switch_cost(nb)
         self.prefill = PrefillCost(amortise=True, catchup_rate=self.switch.catchup_rate)
-        self.estimator = Estimator(self.buckets, self.armset, self.prefill)
+        self.estimator = Estimator(self._edges, self.armset, self.prefill)
+        self.pipeline = Pipeline(detect=self.scheme.detect_fill)
         self.dwell = Dwell(float(amort))
         self.excursions = Excursions(nb, float(amort))
         self.flips = FlipPricer(self.estimator, self.switch, self.dwell, self.excursions, amort)
         # acceptance is a property of the source (and the content): one gate each
-        self.gates = {src: AcceptanceGate(0.0, 1, 1, 2.0) for src in SOURCES}
+        self.gates = {src: AcceptanceGate() for src in SOURCES}
         self.gate = self.gates["draft"]
         self.explorer: PrunedExplorer | UniformExplorer = (
-            PrunedExplorer(rng, self.armset, self.buckets, self.schedules, self.flips)
+            PrunedExplorer(rng, self.armset, self.estimator, self.schedules, self.flips)
             if self.scheme.pruned_exploration else UniformExplorer(rng)
         )
         self.current_gamma = 0  # the last decision: the engine's speculation state
@@ -82,7 +86,6 @@ class NightjarPolicy:
         self.draft_available = True  # False while the draft's weights are not resident
         # per bucket, the draft gamma its last bin would have exploited were the draft resident
         self._draft_wish = [0] * len(self._edges)
-        self._prev: tuple[str, int] = ("draft", 0)  # (source, gamma) of the last observed step
         self.stats = PlannerStats()
         self._apply_knobs(config)
 
@@ -90,19 +93,17 @@ class NightjarPolicy:
     def _apply_knobs(self, config: PlannerConfig) -> None:
         k = config.model_copy(update=_PAPER_OFF) if config.paper_mode else config
         self._slo, self._hyst = k.slo_tpot_s, k.hysteresis
-        self._discount, self._grow = k.discount, k.growing_window
-        est = self.estimator
-        est.share, est.share_weight = k.share_neighbours, k.share_weight
-        est.normalise, est.correct_prefill = k.normalise_batch, k.prefill_correction
-        self.prefill.amortise = k.prefill_correction and k.amortise_draft_prefill
+        self.estimator.configure(correct_prefill=k.prefill_correction, share=k.share_neighbours,
+                                 share_weight=k.share_weight, normalise=k.normalise_batch, discount=k.discount,
+                                 growing_window=k.growing_window, ratio_of_sums=self.scheme.ratio_of_sums)
+        self.prefill.configure(amortise=k.prefill_correction and k.amortise_draft_prefill)
         self._step_price = self.prefill.amortise and k.step_prefill_price
         for gate in self.gates.values():
-            gate.configure(k.min_acceptance, k.acceptance_gate_tokens, k.acceptance_halflife_steps, k.confidence_z)
-        self.switch.override = k.switch_cost_s
-        self.flips.amortise_steps = k.switch_amortise_steps
-        if isinstance(self.explorer, PrunedExplorer):
-            self.explorer.monotone, self.explorer.eliminate = k.monotone_prior, k.eliminate
-            self.explorer.z = k.confidence_z
+            gate.configure(min_acceptance=k.min_acceptance, min_tokens=k.acceptance_gate_tokens,
+                           halflife_steps=k.acceptance_halflife_steps, z=k.confidence_z)
+        self.switch.configure(override=k.switch_cost_s)
+        self.flips.configure(amortise_steps=k.switch_amortise_steps)
+        self.explorer.configure(monotone=k.monotone_prior, eliminate=k.eliminate, z=k.confidence_z)
 
     def apply_config(self, config: PlannerConfig) -> None:
         """Runtime update of the exploration knobs, SLO and switch-cost override (same arms, buckets
@@ -125,19 +126,18 @@ class NightjarPolicy:
         """Replace the priors (see ``priors.py``). Priors are established evidence, not a cold-start
         transient: only the steady-state ``discount`` erodes them, and a bucket's exploration
         schedule moves on as if its prior observations had happened."""
-        prior_rules.load(self.buckets, self._edges, self.armset.draft_index(), priors, self.config.prior_max_count)
-        self.prefill.prior_dps = priors.draft_prefill_s_per_token
+        self.estimator.load_priors(priors, self.config.prior_max_count)
+        self.prefill.set_prior_slope(priors.draft_prefill_s_per_token)
         if self.scheme.warm_schedule:
-            for bk, sc in zip(self.buckets, self.schedules, strict=True):
-                if bk.has_prior:
-                    prior_steps = int(sum(x.pn for x in bk.cells) / bk.w)
-                    sc.advance(bk.t + prior_steps - sc.handed_out, self.config.max_block_exp)
+            for c, sc in enumerate(self.schedules):
+                steps = self.estimator.prior_steps(c)
+                if steps is not None:
+                    sc.advance(steps - sc.handed_out, self.config.max_block_exp)
         self._end_bins()
 
     def _end_bins(self) -> None:
         for sc in self.schedules:
-            sc.left = 0  # re-decide at the next step
-
+            sc.end_bin()  # re-decide at the next step
     @property
     def arms(self) -> tuple[int, ...]:
         return self.armset.gammas()
@@ -175,11 +175,8 @@ class NightjarPolicy:
     def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         c = self.bucket(batch_size)
         sc = self.schedules[c]
-        if sc.left > 0:
-            sc.left -= 1
-            a = sc.arm
-        else:
-            a = self._new_bin(c)
+        held = sc.held()
+        a = self._new_bin(c) if held is None else held
         drafting = self.armset.drafting
         on_now = self._drafting_now()
         if drafting[a] != on_now and self.scheme.guard_flips:
@@ -201,57 +198,33 @@ class NightjarPolicy:
 
     def observe(self, feedback: StepFeedback) -> None:
         fb = feedback
-        b = fb.batch_size
-        c = self.bucket(b)
+        c = self.bucket(fb.batch_size)
         self.excursions.step(c)
-        # Pipeline fill: drafts proposed in one step are verified in the next, so a step that raises
-        # gamma verifies only the previous step's drafts (none when the draft was off: one token per
-        # request, plus the drafting). It is not the arm's steady state and is not learnt as such;
-        # when resuming, its cost above a plain step belongs to the switch.
-        # (a change of source verifies the other source's drafts: not this arm's steady state either)
-        src, prev_src, prev_gamma = fb.source, *self._prev
-        fill = (fb.gamma > prev_gamma or (fb.gamma > 0 and src != prev_src)) and self.scheme.detect_fill
-        excess = None
-        if fill and src == "draft" and (prev_gamma == 0 or prev_src != "draft"):  # the draft resumes
-            plain = self.estimator.plain_step_time(c, b, fb.prefill_tokens)
-            excess = None if plain is None else max(0.0, fb.step_time_s - plain)
-        self._prev = (src, fb.gamma)
+        fill = self.pipeline.step(fb)
+        excess = self.estimator.fill_excess(c, fb) if fill.resumes_draft else None
         self.switch.observe(fb, c, excess)
         if self.switch.ema is not None:
             self.stats.switch_cost_s_ema = self.switch.ema
         self.gates[fb.verified_source].observe(fb.num_draft_tokens, fb.num_accepted_tokens)
         self.prefill.observe_workload(fb.prefill_tokens, fb.tokens_emitted)
-        i = self.armset.of(src, fb.gamma)
-        if i is None or fill:
+        i = self.armset.of(fb.source, fb.gamma)
+        if i is None or fill.is_fill:
             return
-        bk = self.buckets[c]
-        cell = bk.cells[i]
-        tokens = max(1, fb.tokens_emitted)
-        t, p = fb.step_time_s, fb.prefill_tokens
+        t = fb.step_time_s
         if self.switch.charged_to_step:
             t += fb.switch_cost_s
-        bk.bmean += 0.05 * (b - bk.bmean)
-        normf = max(1, b) / bk.lo if self.estimator.normalise else 1.0
-        scale = normf / tokens
-        if self.estimator.correct_prefill:
-            on = self.armset.drafting[i]
-            self.prefill.regress(cell, p, t, on)
-            loss = max(t - self.prefill.slope(on) * p, 0.05 * t) * scale
-        else:
-            loss = t * scale
-        cell.observe(bk.w, loss, tokens, t, p, normf, scale, b, self.scheme.ratio_of_sums)
-        bk.discount(self._discount, self._grow)
+        self.estimator.observe(c, i, fb, t)
 
     # -- a new bin -------------------------------------------------------------------------------
     def _candidates(self, c: int) -> list[int]:
         """Arms meeting the TPOT SLO (unknown ones count as feasible; none meets it: the lowest TPOT),
         without gamma > 0 while the acceptance gate is closed (neither explored nor exploited: a
         bucket whose only evidence is one lucky step would otherwise keep speculating)."""
-        cells = self.buckets[c].cells
         cand = list(range(len(self._arms)))
         if self._slo is not None:
-            known = [(x.tpot / x.n, i) for i, x in enumerate(cells) if x.n > 0]
-            cand = [i for i, x in enumerate(cells) if x.n <= 0 or x.tpot / x.n <= self._slo] or [min(known)[1]]
+            tpots = self.estimator.mean_tpots(c)
+            known = [(x, i) for i, x in enumerate(tpots) if x is not None]
+            cand = [i for i, x in enumerate(tpots) if x is None or x <= self._slo] or [min(known)[1]]
         g, src = self._arms, self.armset.source
         closed = {s for s, gate in self.gates.items() if gate.closed()}
         if closed:
@@ -259,14 +232,13 @@ class NightjarPolicy:
         return cand
 
     def _new_bin(self, c: int) -> int:
-        sc, bk, cfg = self.schedules[c], self.buckets[c], self.config
-        size = sc.next_bin(cfg.max_block_exp)
-        sc.left = size - 1
+        sc, cfg = self.schedules[c], self.config
+        left = sc.next_bin(cfg.max_block_exp) - 1  # steps after this one
+        exploring = False
         st = self.stats
         st.bins += 1
-        sc.exploring = False
-        if bk.has_prior:
-            v = prior_rules.reconcile(bk, self.estimator.corrected(c), bk.cvs, cfg.confidence_z)
+        v = self.estimator.reconcile_priors(c, cfg.confidence_z)
+        if v is not None:
             st.prior_rescales += v.rescaled
             st.priors_dropped += v.dropped
         means, counts = self.estimator.estimates(c)
@@ -275,33 +247,34 @@ class NightjarPolicy:
         on_now = self._drafting_now()
         eff = [(m + self.flips.penalty(c, i, on_now)) if m is not None else None for i, m in enumerate(means)]
         if not self.draft_available:  # what the draft's return would be for, then what can run now
-            wish = min((i for i in cand if eff[i] is not None), key=lambda i: eff[i], default=-1)  # type: ignore[arg-type, return-value]
+            wishes = _known(eff, cand)
+            wish = min(wishes, key=wishes.__getitem__, default=-1)
             self._draft_wish[c] = self._arms[wish] if wish >= 0 and self.armset.drafting[wish] else 0
             cand = [i for i in cand if not self.armset.drafting[i]] or cand
-        known = [i for i in cand if eff[i] is not None]
+        known = _known(eff, cand)
         best = -1
         if known:
-            best = min(known, key=lambda i: eff[i])  # type: ignore[arg-type, return-value]
+            best = min(known, key=known.__getitem__)
             cur = self.armset.of(self.current_source, self.current_gamma)
             if self._hyst > 0 and cur is not None and cur in known and cur != best:
-                if eff[best] > eff[cur] * (1.0 - self._hyst):  # type: ignore[operator]
+                if known[best] > known[cur] * (1.0 - self._hyst):
                     best = cur
-            sc.best = best
+            sc.note_best(best)
         choice = best
         if best < 0 or self.rng.random() < sc.explore_probability(cfg.explore_scale, cfg.explore_floor):
-            k = Candidates(c, cand, means, counts, eff, best)
+            k = Candidates(c=c, cand=cand, means=means, counts=counts, eff=eff, best=best)
             pick = self.explorer.choose(k, on_now, self._slo)
             if pick is not None:
                 choice = pick
                 if choice != best:
                     st.explore_bins += 1
-                    sc.exploring = True
+                    exploring = True
                     raising = self._arms[choice] > self.current_gamma or (
                         self._arms[choice] > 0 and self.armset.source[choice] != self.current_source)
-                    sc.left = self.explorer.hold(k, choice, sc.left, raising)
+                    left = self.explorer.hold(k, choice, left, raising)
         if choice < 0:
             choice = self.rng.choice(cand)
-        sc.arm = choice
+        sc.hold(choice, left, exploring)
         return choice
 
     # -- flips at a step ----------------------------------------------------------------------------
@@ -313,18 +286,19 @@ class NightjarPolicy:
         on_now = self._drafting_now()
         if self._step_price and on_now:
             means = self._priced_at_step(c, means, prompt_tokens)
-        same = [i for i in self._candidates(c) if means[i] is not None and self.armset.drafting[i] == on_now]
+        same = _known(means, [i for i in self._candidates(c) if self.armset.drafting[i] == on_now])
         if not same:
             return a
-        alt = min(same, key=lambda i: means[i])  # type: ignore[arg-type, return-value]
+        alt = min(same, key=same.__getitem__)
         # barely known (e.g. an exploration bin): optimistic, only the switching cost can veto it
-        mine = means[a] if means[a] is not None and counts[a] >= MIN_ELIMINATE else 0.5 * means[alt]  # type: ignore[operator]
+        m_a = means[a]
+        mine = m_a if m_a is not None and counts[a] >= MIN_ELIMINATE else 0.5 * same[alt]
         sc = self.schedules[c]
         hold = sc.left + 1
         horizon, off = (self.flips.visit(hold), hold) if sc.exploring else (None, None)
-        if mine + self.flips.penalty(c, a, on_now, horizon, off) < means[alt]:  # type: ignore[operator]
+        if mine + self.flips.penalty(c, a, on_now, horizon, off) < same[alt]:
             return a
-        sc.arm = alt  # for the rest of this bin
+        sc.replace_arm(alt)  # for the rest of this bin
         return alt
 
     def _tie_at_prompt_step(self, c: int, a: int, prompt_tokens: int) -> int:
@@ -341,8 +315,9 @@ class NightjarPolicy:
         if m0 is None or ma is None or m0 > ma * (1.0 + self._hyst) or i0 not in self._candidates(c):
             return a
         step = self._priced_at_step(c, means, prompt_tokens)
-        if step[i0] + self.flips.penalty(c, i0, True) < step[a]:  # type: ignore[operator]
-            self.schedules[c].arm = i0  # for the rest of this bin
+        s0, s_a = step[i0], step[a]  # known: their means are
+        if s0 is not None and s_a is not None and s0 + self.flips.penalty(c, i0, True) < s_a:
+            self.schedules[c].replace_arm(i0)  # for the rest of this bin
             return i0
         return a
 
@@ -370,7 +345,7 @@ class NightjarPolicy:
         against gamma 0, at the bucket's last bin; negative when speculation loses); None until
         both have estimates."""
         c = self.bucket(batch_size)
-        gain = self.flips.on_gain[c]
+        gain = self.flips.gain(c)
         return None if gain is None else self.estimator.step_seconds(c, batch_size, gain)
 
     def switch_cost_s(self, batch_size: int) -> float:
@@ -393,12 +368,16 @@ class NightjarPolicy:
         """Own evidence (priors included, neighbours not) per (bucket_lo, gamma): mean loss and count.
         The result is a valid ``PlannerPriors``, so a fleet can average snapshots and push them back."""
         entries = []
-        for c, bk in enumerate(self.buckets):
+        for c, lo in enumerate(self._edges):
             for g, i in self.armset.draft_index().items():  # priors are about the draft model's arms
                 m = self.estimator.own_mean(c, i)
                 if m is not None and m > 0:
-                    x = bk.cells[i]
-                    entries.append(PriorEntry(bucket_lo=bk.lo, gamma=g, mean_loss_s=m, count=(x.n + x.pn) * (1.0 / bk.w)))
+                    entries.append(PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=m, count=self.estimator.own_count(c, i)))
         own = self.prefill.learnt_draft_slope()
         return PlannerPriors(bucket_edges=list(self._edges), entries=entries,
                              draft_prefill_s_per_token=self.prefill.prior_dps if own is None else own)
+
+
+def _known(values: list[float | None], arms: list[int]) -> dict[int, float]:
+    """The arms among ``arms`` whose value is known, in order, with it."""
+    return {i: v for i in arms if (v := values[i]) is not None}

@@ -23,92 +23,116 @@ def less_prefill(loss_sum: float, prompt_tokens: float, slope: float) -> float:
 class Cell:
     """One arm in one bucket. Weighted sums (scaled by the bucket's ``w``):
 
-    n: effective observations; s: loss sum (mean = s / n); sp: prompt tokens per generated token x
-    count (the prefill the loss sum carries); st, spt: sums of step time and prompt tokens whose
-    ratios to ``tok`` give s / n and sp / n; sa, saa, sab, sbb: sums of a, a^2, a*b, b^2 (a = a
-    step's loss x tokens, b = its tokens) for the noise of the ratio-of-sums mean; tok: tokens;
-    tpot: per-request time per token; pn, ps: the prior's count and loss sum (same scaling).
-    Not weighted: raw (undiscounted observations), mp, mt (moving means of the cell's prompt
-    tokens and step time, the centre of the within-cell prefill regression)."""
+    ``count``: effective observations; ``loss_sum``: loss sum (mean = loss_sum / count);
+    ``prompt_sum``: prompt tokens per generated token x count (the prefill the loss sum carries);
+    ``time_sum``, ``prompt_tok_sum``: sums of step time and prompt tokens whose ratios to
+    ``tok_sum`` give loss_sum / count and prompt_sum / count; ``cost_sum``, ``cost_sq_sum``,
+    ``cost_tok_sum``, ``tok_sq_sum``: sums of a, a^2, a*b, b^2 (a = a step's cost, its loss x
+    tokens; b = its tokens) for the noise of the ratio-of-sums mean; ``tok_sum``: tokens;
+    ``tpot_sum``: per-request time per token; ``prior_count``, ``prior_loss_sum``: the prior's
+    count and loss sum (same scaling).
+    Not weighted: ``steps`` (undiscounted observations), ``prompt_centre``, ``time_centre``
+    (moving means of the cell's prompt tokens and step time, the centre of the within-cell
+    prefill regression)."""
 
-    __slots__ = ("raw", "n", "s", "sa", "saa", "sab", "sbb", "tok", "tpot", "sp", "st", "spt", "pn", "ps",
-                 "mp", "mt")
-    WEIGHTED = ("n", "s", "sa", "saa", "sab", "sbb", "tok", "tpot", "sp", "st", "spt", "pn", "ps")
-    UNWEIGHTED = ("raw", "mp", "mt")
+    __slots__ = ("steps", "count", "loss_sum", "cost_sum", "cost_sq_sum", "cost_tok_sum", "tok_sq_sum",
+                 "tok_sum", "tpot_sum", "prompt_sum", "time_sum", "prompt_tok_sum", "prior_count",
+                 "prior_loss_sum", "prompt_centre", "time_centre")
+    WEIGHTED = ("count", "loss_sum", "cost_sum", "cost_sq_sum", "cost_tok_sum", "tok_sq_sum", "tok_sum",
+                "tpot_sum", "prompt_sum", "time_sum", "prompt_tok_sum", "prior_count", "prior_loss_sum")
+    UNWEIGHTED = ("steps", "prompt_centre", "time_centre")
 
     def __init__(self) -> None:
-        self.raw = 0
-        self.n = self.s = self.sa = self.saa = self.sab = self.sbb = self.tok = self.tpot = 0.0
-        self.sp = self.st = self.spt = self.pn = self.ps = 0.0
-        self.mp: float | None = None
-        self.mt = 0.0
+        self.steps = 0
+        self.count = self.loss_sum = self.cost_sum = self.cost_sq_sum = self.cost_tok_sum = 0.0
+        self.tok_sq_sum = self.tok_sum = self.tpot_sum = 0.0
+        self.prompt_sum = self.time_sum = self.prompt_tok_sum = self.prior_count = self.prior_loss_sum = 0.0
+        self.prompt_centre: float | None = None
+        self.time_centre = 0.0
 
-    def observe(self, w: float, loss: float, tokens: int, t: float, p: int, normf: float, scale: float,
+    def observe(self, w: float, *, loss: float, tokens: int, time_s: float, prompt_tokens: int, normf: float,
                 batch: int, ratio_of_sums: bool) -> None:
-        """Add one step: ``loss`` per token (normalised), ``t`` its time, ``p`` its prompt tokens,
-        ``normf`` the batch normalisation and ``scale`` = normf / tokens.
+        """Add one step: ``loss`` per token (normalised), ``time_s`` its time, ``prompt_tokens`` its
+        prompt tokens, ``normf`` the batch normalisation.
 
         ``ratio_of_sums``: latency per token = total time / total tokens. The mean of per-step
         ratios (the paper's) overweights steps that emit one token (every draft rejected), so it
-        ranks long drafts too low; s and sp hold the ratio times the count, so s / n reads it."""
-        self.raw += 1
-        self.n += w
+        ranks long drafts too low; loss_sum and prompt_sum hold the ratio times the count, so
+        loss_sum / count reads it."""
+        t, p = time_s, prompt_tokens
+        self.steps += 1
+        self.count += w
         a = loss * tokens
-        self.sa += w * a
-        self.saa += w * a * a
-        self.sab += w * a * tokens
-        self.sbb += w * tokens * tokens
-        self.tok += w * tokens
+        self.cost_sum += w * a
+        self.cost_sq_sum += w * a * a
+        self.cost_tok_sum += w * a * tokens
+        self.tok_sq_sum += w * tokens * tokens
+        self.tok_sum += w * tokens
         if ratio_of_sums:
-            self.st += w * t * normf
-            self.spt += w * p * normf
-            r = self.n / self.tok
-            self.s = self.st * r
-            self.sp = self.spt * r
+            self.time_sum += w * t * normf
+            self.prompt_tok_sum += w * p * normf
+            r = self.count / self.tok_sum
+            self.loss_sum = self.time_sum * r
+            self.prompt_sum = self.prompt_tok_sum * r
         else:
-            self.s += w * t * scale  # the mean of per-step losses
-        self.tpot += w * t * max(1, batch) / tokens
+            self.loss_sum += w * t * (normf / tokens)  # the mean of per-step losses
+        self.tpot_sum += w * t * max(1, batch) / tokens
 
     def tokens_per_step(self, default: float) -> float:
         """Mean tokens a step of this arm emits (``default`` before it has played)."""
-        return max(self.tok / self.n if self.n > 0 else default, 1.0)
+        return max(self.tok_sum / self.count if self.count > 0 else default, 1.0)
+
+    def mean_tpot(self) -> float | None:
+        """Per-request time per token, None before the arm has played."""
+        return self.tpot_sum / self.count if self.count > 0 else None
+
+    def clear_prior(self) -> None:
+        self.prior_count = self.prior_loss_sum = 0.0
 
 
 class Bucket:
     """The cells of one batch-size bucket, its discount weight and its priors' bookkeeping."""
 
-    __slots__ = ("lo", "cells", "w", "t", "bmean", "has_prior", "dropped")
+    __slots__ = ("lo", "cells", "w", "observed", "mean_batch", "has_prior", "dropped")
 
     def __init__(self, lo: int, arms: int) -> None:
         self.lo = lo
         self.cells = [Cell() for _ in range(arms)]
         self.w = 1.0
-        self.t = 0  # observations
-        self.bmean = float(lo)  # moving mean batch size
+        self.observed = 0  # observations
+        self.mean_batch = float(lo)  # moving mean batch size
         self.has_prior = False
         # priors dropped for conflict: arm -> (prior mean, count), to recognise a level shift later
         self.dropped: dict[int, tuple[float, float]] = {}
 
     def count(self, i: int) -> float:
         """Effective observations of arm i (own evidence only)."""
-        return self.cells[i].n / self.w
+        return self.cells[i].count / self.w
 
     def total(self) -> float:
         """Effective observations over all arms, priors included."""
-        return (sum(x.n for x in self.cells) + sum(x.pn for x in self.cells)) / self.w
+        return (sum(x.count for x in self.cells) + sum(x.prior_count for x in self.cells)) / self.w
+
+    def note_batch(self, batch: int) -> None:
+        """A step observed at ``batch``: moves the bucket's typical batch."""
+        self.mean_batch += 0.05 * (batch - self.mean_batch)
+
+    def prior_steps(self) -> int:
+        """Steps the bucket's priors are worth (what its exploration schedule skips)."""
+        return int(sum(x.prior_count for x in self.cells) / self.w)
 
     def discount(self, steady: float, growing: bool) -> None:
         """Age the evidence after an observation. Growing-window forgetting: discount 1 - 1/(t + 10)
         for the t-th observation (weights grow linearly with recency, so a cold-start transient
         fades), floored at the configured discount (the tracking horizon in steady state). Priors
         are not a cold-start transient: they decay at the steady-state rate only."""
-        self.t += 1
-        d = min(steady, 1.0 - 1.0 / (self.t + 10.0)) if growing else steady
+        self.observed += 1
+        d = min(steady, 1.0 - 1.0 / (self.observed + 10.0)) if growing else steady
         if d < steady and self.has_prior:
             keep = steady / d
             for x in self.cells:
-                x.pn *= keep
-                x.ps *= keep
+                x.prior_count *= keep
+                x.prior_loss_sum *= keep
         if d < 1.0:
             w = self.w / d
             if w > _RESCALE_AT:
@@ -128,7 +152,7 @@ class Bucket:
         observations), so one outlier in a barely tried arm widens its interval instead of being
         trusted.
 
-        The mean is a ratio of sums, R = sum(a) / sum(b) (a = a step's loss x tokens, b = its
+        The mean is a ratio of sums, R = sum(a) / sum(b) (a = a step's cost, loss x tokens, b = its
         tokens), so the noise is that of the residuals a - R b over the mean b (the delta method):
         steps that emit many tokens weigh more. The spread of per-step losses about R is not that;
         with a per-step mean different from R it can come out negative and collapse the intervals."""
@@ -136,17 +160,18 @@ class Bucket:
         own: list[float | None] = []
         num = den = 0.0
         for x in self.cells:
-            if x.n * inv >= 2.0 and x.sa > 0:
-                r = x.sa / x.tok
-                v = max(x.saa - 2.0 * r * x.sab + r * r * x.sbb, 0.0) * x.n / (x.sa * x.sa)
+            if x.count * inv >= 2.0 and x.cost_sum > 0:
+                r = x.cost_sum / x.tok_sum
+                v = (max(x.cost_sq_sum - 2.0 * r * x.cost_tok_sum + r * r * x.tok_sq_sum, 0.0) * x.count
+                     / (x.cost_sum * x.cost_sum))
                 own.append(v)
-                num += x.n * v
-                den += x.n
+                num += x.count * v
+                den += x.count
             else:
                 own.append(None)
         pooled = num / den if den > 0 else DEFAULT_CV**2
         out = []
         for x, o in zip(self.cells, own, strict=True):
-            k = x.n * inv
+            k = x.count * inv
             out.append(math.sqrt(pooled if o is None else (k * o + 3.0 * pooled) / (k + 3.0)))
         return out

@@ -12,33 +12,115 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
+from nightjar_contract.planner import PlannerPriors
+
+from nightjar_worker.planner.nightjar import priors as prior_rules
 from nightjar_worker.planner.nightjar.arms import ArmSet
 from nightjar_worker.planner.nightjar.cells import Bucket, less_prefill
 from nightjar_worker.planner.nightjar.prefill import PrefillCost
+from nightjar_worker.planner.policy import StepFeedback
 
 
-@dataclass
 class Estimator:
-    buckets: list[Bucket]
-    arms: ArmSet
-    prefill: PrefillCost
-    correct_prefill: bool = True
-    share: bool = True
-    share_weight: float = 2.0
-    normalise: bool = True
+    """Owns the buckets' evidence: what a step teaches (``observe``), what the priors say
+    (``load_priors``, ``reconcile_priors``) and what both estimate (``estimates``)."""
+
+    def __init__(self, edges: tuple[int, ...], arms: ArmSet, prefill: PrefillCost, *, correct_prefill: bool = True,
+                 share: bool = True, share_weight: float = 2.0, normalise: bool = True) -> None:
+        self.edges = edges
+        self.buckets = [Bucket(lo, len(arms)) for lo in edges]
+        self.arms = arms
+        self.prefill = prefill
+        self.correct_prefill, self.share, self.share_weight, self.normalise = (
+            correct_prefill, share, share_weight, normalise)
+        self.discount, self.growing_window, self.ratio_of_sums = 1.0, False, True
+
+    def configure(self, *, correct_prefill: bool, share: bool, share_weight: float, normalise: bool,
+                  discount: float, growing_window: bool, ratio_of_sums: bool) -> None:
+        """The estimation knobs (``PlannerConfig``'s, and the scheme's ``ratio_of_sums``)."""
+        self.correct_prefill, self.share, self.share_weight, self.normalise = (
+            correct_prefill, share, share_weight, normalise)
+        self.discount, self.growing_window, self.ratio_of_sums = discount, growing_window, ratio_of_sums
+
+    # -- evidence ----------------------------------------------------------------------------------
+    def observe(self, c: int, i: int, step: StepFeedback, time_s: float) -> None:
+        """A steady-state step of arm i in bucket c that took ``time_s`` (the step's time, plus
+        C_switch where the scheme charges it to the step): its loss per token, prefill taken out
+        and normalised to the bucket's lower edge, joins the arm's evidence; the bucket ages."""
+        bk = self.buckets[c]
+        cell = bk.cells[i]
+        b, p = step.batch_size, step.prefill_tokens
+        tokens = max(1, step.tokens_emitted)
+        bk.note_batch(b)
+        normf = max(1, b) / bk.lo if self.normalise else 1.0
+        scale = normf / tokens
+        if self.correct_prefill:
+            on = self.arms.drafting[i]
+            self.prefill.regress(cell, p, time_s, on)
+            loss = less_prefill(time_s, p, self.prefill.slope(on)) * scale
+        else:
+            loss = time_s * scale
+        cell.observe(bk.w, loss=loss, tokens=tokens, time_s=time_s, prompt_tokens=p, normf=normf, batch=b,
+                     ratio_of_sums=self.ratio_of_sums)
+        bk.discount(self.discount, self.growing_window)
+
+    def fill_excess(self, c: int, step: StepFeedback) -> float | None:
+        """A resume's fill step: its time above a plain step at its batch and prefill (None while
+        bucket c has no gamma-0 evidence)."""
+        plain = self.plain_step_time(c, step.batch_size, step.prefill_tokens)
+        return None if plain is None else max(0.0, step.step_time_s - plain)
+
+    def load_priors(self, priors: PlannerPriors, cap: float) -> None:
+        """Replace every bucket's priors (see ``priors.py``)."""
+        prior_rules.load(self.buckets, self.edges, self.arms.draft_index(), priors, cap)
+
+    def prior_steps(self, c: int) -> int | None:
+        """Steps bucket c has played plus the steps its priors are worth; None without priors."""
+        bk = self.buckets[c]
+        return bk.observed + bk.prior_steps() if bk.has_prior else None
+
+    def reconcile_priors(self, c: int, z: float) -> prior_rules.Verdict | None:
+        """Bucket c's priors against its own evidence (``priors.reconcile``); None without priors."""
+        bk = self.buckets[c]
+        return prior_rules.reconcile(bk, self.corrected(c), bk.cvs, z) if bk.has_prior else None
+
+    # -- reading -------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.buckets)
+
+    def cvs(self, c: int) -> list[float]:
+        return self.buckets[c].cvs()
+
+    def cvs_of(self, c: int) -> Callable[[], list[float]]:
+        return self.buckets[c].cvs
+
+    def total(self, c: int) -> float:
+        """Effective observations of bucket c over all arms, priors included."""
+        return self.buckets[c].total()
+
+    def untried(self, c: int, i: int) -> bool:
+        """Arm i has not played in bucket c and its prior there is worth less than a step."""
+        bk = self.buckets[c]
+        x = bk.cells[i]
+        return x.steps == 0 and x.prior_count * (1.0 / bk.w) < 1.0
+
+    def mean_tpots(self, c: int) -> list[float | None]:
+        """Per arm of bucket c, its per-request time per token (None before it played)."""
+        return [x.mean_tpot() for x in self.buckets[c].cells]
 
     def corrected(self, c: int, slopes: tuple[float, float] | None = None) -> list[float]:
         """Loss sums of bucket c with the learnt prefill cost of each arm's state taken out
         (``slopes``: ``prefill.slopes()`` when the caller already has them)."""
         cells = self.buckets[c].cells
         if not self.correct_prefill:
-            return [x.s for x in cells]
+            return [x.loss_sum for x in cells]
         b_off, b_on = slopes if slopes is not None else self.prefill.slopes()
         if b_off <= 0 and b_on <= 0:
-            return [x.s for x in cells]
-        return [less_prefill(x.s, x.sp, b_on if on else b_off) for on, x in zip(self.arms.drafting, cells, strict=True)]
+            return [x.loss_sum for x in cells]
+        return [less_prefill(x.loss_sum, x.prompt_sum, b_on if on else b_off)
+                for on, x in zip(self.arms.drafting, cells, strict=True)]
 
     def estimates(self, c: int) -> tuple[list[float | None], list[float]]:
         """Smoothed mean loss and effective count per arm of bucket c (priors and neighbour evidence
@@ -46,8 +128,8 @@ class Estimator:
         bk = self.buckets[c]
         slopes = self.prefill.slopes() if self.correct_prefill else None
         s = self.corrected(c, slopes)
-        tn = [x.n + x.pn for x in bk.cells]
-        ts = [s[i] + x.ps for i, x in enumerate(bk.cells)]
+        tn = [x.count + x.prior_count for x in bk.cells]
+        ts = [s[i] + x.prior_loss_sum for i, x in enumerate(bk.cells)]
         if self.share:
             for d in (c - 1, c + 1):
                 if 0 <= d < len(self.buckets):
@@ -63,7 +145,7 @@ class Estimator:
         """Add neighbour d's evidence to bucket c, rescaled via a reference arm both have tried
         (``sc``, ``sd``: the two buckets' corrected loss sums)."""
         bc, bd = self.buckets[c], self.buckets[d]
-        nc, nd = [x.n for x in bc.cells], [x.n for x in bd.cells]
+        nc, nd = [x.count for x in bc.cells], [x.count for x in bd.cells]
         inv_c, inv_d = 1.0 / bc.w, 1.0 / bd.w
         ref, ref_n = -1, 0.0
         for i in range(len(nc)):
@@ -84,8 +166,14 @@ class Estimator:
     def own_mean(self, c: int, i: int) -> float | None:
         """Arm i's mean loss in bucket c from its own evidence and prior (no neighbours, no charge)."""
         x = self.buckets[c].cells[i]
-        n = x.n + x.pn
-        return (self.corrected(c)[i] + x.ps) / n if n > 0 else None
+        n = x.count + x.prior_count
+        return (self.corrected(c)[i] + x.prior_loss_sum) / n if n > 0 else None
+
+    def own_count(self, c: int, i: int) -> float:
+        """Arm i's effective observations in bucket c, its prior's included."""
+        bk = self.buckets[c]
+        x = bk.cells[i]
+        return (x.count + x.prior_count) * (1.0 / bk.w)
 
     def plain_step_time(self, c: int, batch: int, prompt_tokens: int) -> float | None:
         """Expected time of a gamma-0 step in bucket c at this batch and prefill; None while
@@ -94,11 +182,11 @@ class Estimator:
         if i is None:
             return None
         x = self.buckets[c].cells[i]
-        if x.n <= 0:
+        if x.count <= 0:
             return None
         slopes = self.prefill.slopes() if self.correct_prefill else None
-        loss0 = x.s if slopes is None else less_prefill(x.s, x.sp, slopes[0])
-        loss0 /= x.n  # per token, prefill removed, batch-normalised
+        loss0 = x.loss_sum if slopes is None else less_prefill(x.loss_sum, x.prompt_sum, slopes[0])
+        loss0 /= x.count  # per token, prefill removed, batch-normalised
         plain = loss0 * (self.buckets[c].lo if self.normalise else max(1, batch))
         plain += slopes[0] * prompt_tokens if slopes is not None else 0.0
         return plain
@@ -110,7 +198,7 @@ class Estimator:
     def in_bucket_units(self, c: int, per_token: float) -> float:
         """Seconds per generated token at bucket c's typical batch, in its learnt loss units."""
         bk = self.buckets[c]
-        return per_token * bk.bmean / bk.lo if self.normalise and per_token else per_token
+        return per_token * bk.mean_batch / bk.lo if self.normalise and per_token else per_token
 
     def draft_prefill_charge(self, c: int) -> float:
         """The running draft's prefill per generated token, in bucket c's loss units."""

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nightjar_worker.planner.nightjar.arms import ArmSet
-from nightjar_worker.planner.nightjar.cells import Bucket
+from nightjar_worker.planner.nightjar.estimates import Estimator
 from nightjar_worker.planner.nightjar.flips import FlipPricer
 from nightjar_worker.planner.nightjar.schedule import Schedule
 
@@ -46,6 +47,9 @@ class UniformExplorer:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
 
+    def configure(self, *, monotone: bool, eliminate: bool, z: float) -> None:
+        """Nothing to set: the paper's draw has no knobs."""
+
     def choose(self, k: Candidates, on_now: bool, slo: float | None) -> int | None:
         return self.rng.choice(k.cand) if k.cand else None
 
@@ -55,14 +59,20 @@ class UniformExplorer:
 
 @dataclass
 class PrunedExplorer:
+    """Reads the evidence (``est``) and the neighbours' exploit arms (``schedules``); owns nothing
+    but its knobs."""
+
     rng: random.Random
     arms: ArmSet
-    buckets: list[Bucket]
-    schedules: list[Schedule]
+    est: Estimator
+    schedules: Sequence[Schedule]
     flips: FlipPricer
     z: float = 2.0
     monotone: bool = True
     eliminate: bool = True
+
+    def configure(self, *, monotone: bool, eliminate: bool, z: float) -> None:
+        self.monotone, self.eliminate, self.z = monotone, eliminate, z
 
     def choose(self, k: Candidates, on_now: bool, slo: float | None) -> int | None:
         """The arm to explore, or None when nothing is worth it."""
@@ -86,41 +96,42 @@ class PrunedExplorer:
                       or ((hi is None or g[i] <= hi) and (lo is None or g[i] >= lo))]
             if pruned:
                 pool = pruned
-        if self.eliminate and best >= 0:
+        best_eff = eff[best] if best >= 0 else None
+        if self.eliminate and best_eff is not None:
             z = self.z
-            cv = self.buckets[c].cvs()
-            b_ucb = eff[best] * (1.0 + z * cv[best] / math.sqrt(max(counts[best], 1e-9)))  # type: ignore[operator]
+            cv = self.est.cvs(c)
+            b_ucb = best_eff * (1.0 + z * cv[best] / math.sqrt(max(counts[best], 1e-9)))
             pen, visit = self.flips.penalty, self.flips.visit
-            pool = [
-                i for i in pool
-                if (
-                    eff[i] * (1.0 - z * cv[i] / math.sqrt(counts[i])) <= b_ucb  # type: ignore[operator]
-                    if eff[i] is not None and counts[i] >= MIN_ELIMINATE
-                    else pen(c, i, on_now, visit(int(counts[i]) + 1), int(counts[i]) + 1) <= 0.5 * b_ucb
-                )
-            ]
+
+            def overlaps(i: int) -> bool:
+                e = eff[i]
+                if e is not None and counts[i] >= MIN_ELIMINATE:
+                    return e * (1.0 - z * cv[i] / math.sqrt(counts[i])) <= b_ucb
+                return pen(c, i, on_now, visit(int(counts[i]) + 1), int(counts[i]) + 1) <= 0.5 * b_ucb
+
+            pool = [i for i in pool if overlaps(i)]
             if pool == [best]:
                 return []
         return pool
 
     def _pick(self, k: Candidates, pool: list[int]) -> int:
         others = [i for i in pool if i != k.best] or pool
-        bk = self.buckets[k.c]
-        inv = 1.0 / bk.w
-        untried = [i for i in others if bk.cells[i].raw == 0 and bk.cells[i].pn * inv < 1.0]
+        untried = [i for i in others if self.est.untried(k.c, i)]
         if untried:
             return untried[0] if len(untried) == 1 else self.rng.choice(untried)
-        z, cv, eff, counts = self.z, bk.cvs(), k.eff, k.counts
-        return min(
-            others,
-            key=lambda i: -math.inf if eff[i] is None else eff[i] * (1.0 - z * cv[i] / math.sqrt(counts[i])),  # type: ignore[operator]
-        )
+        z, cv, eff, counts = self.z, self.est.cvs(k.c), k.eff, k.counts
+
+        def lcb(i: int) -> float:
+            e = eff[i]
+            return -math.inf if e is None else e * (1.0 - z * cv[i] / math.sqrt(counts[i]))
+
+        return min(others, key=lcb)
 
     def _neighbour_best(self, c: int, step: int) -> int | None:
         d = c + step
-        while 0 <= d < len(self.buckets):
+        while 0 <= d < len(self.est):
             best = self.schedules[d].best
-            if self.buckets[d].total() >= _ESTABLISHED and best >= 0:  # priors are evidence too
+            if self.est.total(d) >= _ESTABLISHED and best >= 0:  # priors are evidence too
                 return self.arms.gamma[best] if self.arms.source[best] == "draft" else None
             d += step
         return None

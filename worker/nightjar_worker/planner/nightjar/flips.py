@@ -23,7 +23,15 @@ class FlipPricer:
         self.i0 = est.arms.of("draft", 0)
         # per bucket, the best arm without the draft model (gamma 0, n-gram) less the best arm with
         # it, at the bucket's last bin (bucket units): what running the draft gains there
-        self.on_gain: list[float | None] = [None] * len(est.buckets)
+        self.on_gain: list[float | None] = [None] * len(est)
+
+    def configure(self, *, amortise_steps: int) -> None:
+        """Steps a flip's C_switch amortises over at least (``switch_amortise_steps``)."""
+        self.amortise_steps = amortise_steps
+
+    def gain(self, c: int) -> float | None:
+        """What running the draft gains in bucket c at its last bin (bucket units); None unknown."""
+        return self.on_gain[c]
 
     def note_gain(self, c: int, means: list[float | None]) -> None:
         """Record bucket c's gain of the draft model from its arms' means at a new bin."""
@@ -53,7 +61,7 @@ class FlipPricer:
         if horizon is None:
             # not the current run's length: a long pause says nothing about how long the next
             # run lasts (amortising a resume over it made resumes look cheap after long pauses)
-            run = self.dwell.mean[1] if on else max(self.dwell.mean[0], self.off_run(c, per_step))
+            run = self.dwell.on_mean if on else max(self.dwell.off_mean, self.off_run(c, per_step))
             h = int(max(self.amortise_steps, run))
         else:
             h = max(horizon, 1)
@@ -76,15 +84,17 @@ class FlipPricer:
         to a bucket where resuming pays (its best drafting arm beats gamma 0 by more than a resume
         amortised over the context's stay at or below it), i.e. the context's excursion above the
         highest such bucket below c; no such bucket: off for good."""
-        sw = self.switch
+        sw, i0 = self.switch, self.i0
+        if i0 is None:  # no gamma-0 arm: no gain is ever known
+            return float(MAX_DWELL)
         cost = sw.ema
         if cost is None:
-            cost = sw.predict(sw.lag_after(int(self.dwell.mean[0]), per_step), c)
+            cost = sw.predict(sw.lag_after(int(self.dwell.off_mean), per_step), c)
         for r in range(c - 1, -1, -1):
             gain = self.on_gain[r]
             if gain is None or gain <= 0:
                 continue
-            tok = self.est.tokens_per_step(r, self.i0)  # type: ignore[arg-type]  # a gain implies gamma 0
+            tok = self.est.tokens_per_step(r, i0)
             pen = self.est.in_bucket_units(r, cost / (max(self.excursions.below(r), 1.0) * tok))
             if gain > pen:
                 return self.excursions.above(r + 1)

@@ -13,12 +13,14 @@ import math
 class AcceptanceGate:
     __slots__ = ("drafted", "accepted", "min_acceptance", "min_tokens", "decay", "z")
 
-    def __init__(self, min_acceptance: float, min_tokens: int, halflife_steps: int, z: float) -> None:
+    def __init__(self, *, min_acceptance: float = 0.0, min_tokens: int = 1, halflife_steps: int = 1,
+                 z: float = 2.0) -> None:
+        """The defaults: a gate that never closes (``configure`` sets the knobs)."""
         self.drafted = 0.0  # draft tokens verified (decaying)
         self.accepted = 0.0
-        self.configure(min_acceptance, min_tokens, halflife_steps, z)
+        self.configure(min_acceptance=min_acceptance, min_tokens=min_tokens, halflife_steps=halflife_steps, z=z)
 
-    def configure(self, min_acceptance: float, min_tokens: int, halflife_steps: int, z: float) -> None:
+    def configure(self, *, min_acceptance: float, min_tokens: int, halflife_steps: int, z: float) -> None:
         """``min_acceptance`` 0 turns the gate off."""
         self.min_acceptance = min_acceptance
         self.min_tokens = min_tokens

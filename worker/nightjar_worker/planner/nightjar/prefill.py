@@ -17,6 +17,7 @@ has not seen).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from nightjar_worker.planner.nightjar.cells import Cell
 
@@ -25,47 +26,66 @@ _MIN_PREFILL_STEPS = 3  # steps with prompt tokens, per draft state, before the 
 _RHO_DECAY = 1.0 - 1.0 / 2048  # prompt/generated token sums (the workload's mix: slow to change)
 
 
+@dataclass(slots=True)
+class SlopeFit:
+    """The prefill regression of one draft state: decaying sums of x*y and x^2 (x: prompt tokens,
+    y: step time, both about their cell's centre), the fitted slope and the sample counts."""
+
+    sxy: float = 0.0
+    sxx: float = 0.0
+    beta: float = 0.0  # seconds per prompt token
+    samples: int = 0
+    prompted: int = 0  # samples whose step carried prompt tokens
+
+    def add(self, x: float, y: float, prompted: bool) -> None:
+        self.samples += 1
+        self.prompted += prompted
+        self.sxy = 0.9995 * self.sxy + x * y
+        self.sxx = 0.9995 * self.sxx + x * x
+        if self.sxx > 0:
+            self.beta = max(0.0, self.sxy / self.sxx)
+
+
 class PrefillCost:
-    __slots__ = ("sxy", "sxx", "betas", "nreg", "npre", "rho", "prior_dps", "amortise", "_catchup_rate")
+    __slots__ = ("off", "on", "prompt_sum", "generated_sum", "prior_dps", "amortise", "_catchup_rate")
 
     def __init__(self, amortise: bool, catchup_rate: Callable[[], float | None]) -> None:
         """``catchup_rate``: seconds per missed token of the draft's catch-up, or None while unknown."""
-        self.sxy = [0.0, 0.0]  # per draft state (off, on)
-        self.sxx = [0.0, 0.0]
-        self.betas = [0.0, 0.0]
-        self.nreg = [0, 0]  # regression samples per state
-        self.npre = [0, 0]  # of which carried prompt tokens
-        self.rho = [0.0, 0.0]  # decaying sums of prompt tokens and generated tokens, all steps
+        self.off, self.on = SlopeFit(), SlopeFit()  # per draft state
+        self.prompt_sum = 0.0  # decaying sums of prompt tokens and generated tokens, all steps
+        self.generated_sum = 0.0
         self.prior_dps: float | None = None  # the priors' draft prefill seconds per prompt token
         self.amortise = amortise
         self._catchup_rate = catchup_rate
 
+    def configure(self, *, amortise: bool) -> None:
+        """Whether the running draft's prefill is charged per generated token (see the module)."""
+        self.amortise = amortise
+
+    def set_prior_slope(self, draft_s_per_token: float | None) -> None:
+        """The priors' draft prefill seconds per prompt token (per pair and device)."""
+        self.prior_dps = draft_s_per_token
+
     def observe_workload(self, prompt_tokens: int, generated_tokens: int) -> None:
-        self.rho[0] = self.rho[0] * _RHO_DECAY + prompt_tokens
-        self.rho[1] = self.rho[1] * _RHO_DECAY + generated_tokens
+        self.prompt_sum = self.prompt_sum * _RHO_DECAY + prompt_tokens
+        self.generated_sum = self.generated_sum * _RHO_DECAY + generated_tokens
 
     def prompt_per_generated(self) -> float:
         """The workload's prompt tokens per generated token (0 before any)."""
-        return self.rho[0] / self.rho[1] if self.rho[1] > 0 else 0.0
+        return self.prompt_sum / self.generated_sum if self.generated_sum > 0 else 0.0
 
     def regress(self, cell: Cell, p: int, t: float, draft_on: bool) -> None:
         """One step of ``cell`` with ``p`` prompt tokens took ``t`` s: a sample of the slope about
         the cell's moving centre (differences within a cell remove the arm's and batch's own cost)."""
-        mp = cell.mp
+        mp = cell.prompt_centre
         if mp is None:
-            cell.mp = float(p)
-            cell.mt = t
+            cell.prompt_centre = float(p)
+            cell.time_centre = t
             return
-        x, y = p - mp, t - cell.mt
-        k = 1 if draft_on else 0
-        self.nreg[k] += 1
-        self.npre[k] += p > 0
-        self.sxy[k] = 0.9995 * self.sxy[k] + x * y
-        self.sxx[k] = 0.9995 * self.sxx[k] + x * x
-        if self.sxx[k] > 0:
-            self.betas[k] = max(0.0, self.sxy[k] / self.sxx[k])
-        cell.mp = mp + 0.05 * x
-        cell.mt += 0.05 * y
+        x, y = p - mp, t - cell.time_centre
+        (self.on if draft_on else self.off).add(x, y, p > 0)
+        cell.prompt_centre = mp + 0.05 * x
+        cell.time_centre += 0.05 * y
 
     def slope(self, draft_on: bool) -> float:
         return self.slopes()[1 if draft_on else 0]
@@ -81,20 +101,21 @@ class PrefillCost:
     def _target_slope(self, extra: float | None) -> float:
         """The target's seconds per prompt token: learnt with the draft off; else, with the draft's
         share known, learnt with it on less that share; else pooled over both states."""
-        if self.nreg[0] >= _MIN_REGRESSION and (extra is None or self.npre[0] >= _MIN_PREFILL_STEPS):
-            return self.betas[0]
-        if extra is not None and self.nreg[1] >= _MIN_REGRESSION and self.npre[1] >= _MIN_PREFILL_STEPS:
-            return max(0.0, self.betas[1] - extra)
-        sxx = self.sxx[0] + self.sxx[1]
-        return max(0.0, (self.sxy[0] + self.sxy[1]) / sxx) if sxx > 0 else 0.0
+        off, on = self.off, self.on
+        if off.samples >= _MIN_REGRESSION and (extra is None or off.prompted >= _MIN_PREFILL_STEPS):
+            return off.beta
+        if extra is not None and on.samples >= _MIN_REGRESSION and on.prompted >= _MIN_PREFILL_STEPS:
+            return max(0.0, on.beta - extra)
+        sxx = off.sxx + on.sxx
+        return max(0.0, (off.sxy + on.sxy) / sxx) if sxx > 0 else 0.0
 
     def learnt_draft_slope(self) -> float | None:
         """This worker's own draft-on minus draft-off slope; None until both rest on enough steps
         that carried prompts."""
-        if min(self.nreg) < _MIN_REGRESSION or min(self.npre) < _MIN_PREFILL_STEPS:
+        off, on = self.off, self.on
+        if min(off.samples, on.samples) < _MIN_REGRESSION or min(off.prompted, on.prompted) < _MIN_PREFILL_STEPS:
             return None
-        return max(0.0, self.betas[1] - self.betas[0])
-
+        return max(0.0, on.beta - off.beta)
     def draft_slope(self) -> float | None:
         """The running draft's extra seconds per prompt token (None unless amortising): the
         worker's own once learnt; until then the priors' (per pair and device), else the catch-up
@@ -113,6 +134,6 @@ class PrefillCost:
         """Seconds per generated token charged to gamma > 0 for the running draft's prefill (0
         until learnt)."""
         extra = self.draft_slope()
-        if not extra or self.rho[1] <= 0:
+        if not extra or self.generated_sum <= 0:
             return 0.0
-        return extra * self.rho[0] / self.rho[1]
+        return extra * self.prompt_sum / self.generated_sum

@@ -39,14 +39,14 @@ def load(buckets: list[Bucket], edges: tuple[int, ...], arm_idx: dict[int, int],
             acc[1] += e.count * e.mean_loss_s
     for bk in buckets:
         for x in bk.cells:
-            x.pn = x.ps = 0.0
+            x.clear_prior()
         bk.has_prior = False
         bk.dropped = {}
     for (c, i), (n, s) in merged.items():
         bk = buckets[c]
         k = min(n, cap) * bk.w
-        bk.cells[i].pn = k
-        bk.cells[i].ps = k * s / n
+        bk.cells[i].prior_count = k
+        bk.cells[i].prior_loss_sum = k * s / n
         bk.has_prior = True
 
 
@@ -65,21 +65,21 @@ def reconcile(bk: Bucket, corrected: list[float], cvs: Callable[[], list[float]]
     cv = None
     judged = []  # (arm, own mean, prior mean, own count, conflicts)
     for i, x in enumerate(cells):
-        k = x.n * inv
+        k = x.count * inv
         if k < 2.0 or corrected[i] <= 0:
             continue
-        if x.pn > 0:
-            prior, kp = x.ps / x.pn, x.pn * inv
+        if x.prior_count > 0:
+            prior, kp = x.prior_loss_sum / x.prior_count, x.prior_count * inv
         elif i in dropped:
             prior, kp = dropped[i]
         else:
             continue
         if cv is None:
             cv = cvs()
-        own = corrected[i] / x.n
+        own = corrected[i] / x.count
         bad = abs(own - prior) > z * cv[i] * max(own, prior) * math.sqrt(1.0 / k + 1.0 / kp)
         judged.append((i, own, prior, k, bad))
-    if not any(bad and cells[i].pn > 0 for i, _, _, _, bad in judged):
+    if not any(bad and cells[i].prior_count > 0 for i, _, _, _, bad in judged):
         return Verdict()
     verdict = Verdict()
     same_way = len({own > prior for _, own, prior, _, _ in judged}) == 1
@@ -87,19 +87,19 @@ def reconcile(bk: Bucket, corrected: list[float], cvs: Callable[[], list[float]]
         weight = sum(k for _, _, _, k, _ in judged)
         r = math.exp(sum(k * math.log(own / prior) for _, own, prior, k, _ in judged) / weight)
         for x in cells:
-            x.ps *= r
+            x.prior_loss_sum *= r
         for i, (prior, kp) in dropped.items():
-            cells[i].pn = kp * bk.w
-            cells[i].ps = cells[i].pn * prior * r
+            cells[i].prior_count = kp * bk.w
+            cells[i].prior_loss_sum = cells[i].prior_count * prior * r
         dropped.clear()
         verdict = Verdict(rescaled=True)
     else:
         n = 0
         for i, _, prior, _, bad in judged:
-            if bad and cells[i].pn > 0:
-                dropped[i] = (prior, cells[i].pn * inv)
-                cells[i].pn = cells[i].ps = 0.0
+            if bad and cells[i].prior_count > 0:
+                dropped[i] = (prior, cells[i].prior_count * inv)
+                cells[i].clear_prior()
                 n += 1
         verdict = Verdict(dropped=n)
-    bk.has_prior = any(x.pn > 0 for x in cells)
+    bk.has_prior = any(x.prior_count > 0 for x in cells)
     return verdict

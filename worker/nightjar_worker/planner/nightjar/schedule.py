@@ -48,5 +48,24 @@ class Schedule:
         return max(floor, scale / math.sqrt(self.bin_idx))
 
     def hold(self, arm: int, steps: int, exploring: bool = False) -> None:
-        """Hold ``arm`` for this step and ``steps`` more (a bin decided from outside, e.g. a test)."""
+        """Hold ``arm`` for this step and ``steps`` more: the bin's decision."""
         self.arm, self.left, self.exploring = arm, steps, exploring
+
+    def held(self) -> int | None:
+        """The arm the bin in progress holds for this step, or None when the bin is over."""
+        if self.left <= 0:
+            return None
+        self.left -= 1
+        return self.arm
+
+    def end_bin(self) -> None:
+        """End the bin in progress: the next step starts a new one (re-decides)."""
+        self.left = 0
+
+    def replace_arm(self, arm: int) -> None:
+        """Play ``arm`` instead for the rest of the bin."""
+        self.arm = arm
+
+    def note_best(self, arm: int) -> None:
+        """The exploit arm at this bin (what neighbours' monotone prior reads)."""
+        self.best = arm

@@ -12,10 +12,42 @@ The paper instead folds C_switch into the loss of the switching step (``PaperSwi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from nightjar_worker.planner.nightjar.excursions import MAX_DWELL
 from nightjar_worker.planner.policy import StepFeedback
 
 LAG_DECAY = 1.0 - 1.0 / 256  # share of the missed tokens still running after one more step
+
+
+@dataclass(slots=True)
+class CatchupFit:
+    """Discounted least-squares sums of the catch-up's seconds (y) on the tokens it caught up (x)."""
+
+    n: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, x: float, y: float, decay: float) -> None:
+        self.n = decay * self.n + 1.0
+        self.x = decay * self.x + x
+        self.y = decay * self.y + y
+        self.xx = decay * self.xx + x * x
+        self.xy = decay * self.xy + x * y
+
+    def line(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per token); None before 3 resumes that missed different amounts."""
+        n = self.n
+        if n < 3:
+            return None
+        mx, my = self.x / n, self.y / n
+        var = self.xx / n - mx * mx
+        if var <= 1e-9 * max(mx * mx, 1.0):
+            return None
+        b = max((self.xy / n - mx * my) / var, 0.0)
+        return max(my - b * mx, 0.0), b
 
 
 class SwitchCost:
@@ -23,13 +55,17 @@ class SwitchCost:
 
     charged_to_step = False  # whether C_switch is added to the switching step's own loss
 
-    __slots__ = ("sw", "ema", "fill", "off_tokens", "override")
+    __slots__ = ("catchup", "ema", "fill", "off_tokens", "override")
 
     def __init__(self, buckets: int, override: float | None = None) -> None:
-        self.sw = [0.0] * 5  # catch-up regression sums: n, x, y, xx, xy (x = missed tokens)
+        self.catchup = CatchupFit()  # x = tokens the draft missed while off
         self.ema: float | None = None  # moving mean of observed C_switch (catch-up + fill)
         self.fill: list[float | None] = [None] * buckets  # pipeline-fill excess on resume, per bucket
         self.off_tokens = 0.0  # tokens emitted/prefilled since speculation went off
+        self.override = override
+
+    def configure(self, *, override: float | None) -> None:
+        """``override``: the operator's C_switch in seconds, replacing the prediction (None: learnt)."""
         self.override = override
 
     def observe(self, fb: StepFeedback, c: int, fill_excess: float | None) -> None:
@@ -44,13 +80,7 @@ class SwitchCost:
         if fb.switch_cost_s > 0:
             # over the engine's count of caught-up tokens when it gives one
             x = self.off_tokens if fb.catchup_tokens is None else float(fb.catchup_tokens)
-            y, f = fb.switch_cost_s, 0.95
-            sw = self.sw
-            sw[0] = f * sw[0] + 1.0
-            sw[1] = f * sw[1] + x
-            sw[2] = f * sw[2] + y
-            sw[3] = f * sw[3] + x * x
-            sw[4] = f * sw[4] + x * y
+            self.catchup.add(x, fb.switch_cost_s, 0.95)
         draft_off = fb.gamma == 0 or fb.source != "draft"  # an n-gram step does not run the draft either
         if draft_off and fb.draft_lag_tokens is not None:
             # the engine's count (running requests only), plus what this step adds
@@ -67,7 +97,7 @@ class SwitchCost:
         if self.override is not None:
             return self.override
         fill = self.fill[c] or 0.0
-        n, sx, sy = self.sw[:3]
+        n, sx, sy = self.catchup.n, self.catchup.x, self.catchup.y
         if n <= 0:
             return fill
         line = self.catchup_line()
@@ -84,15 +114,7 @@ class SwitchCost:
     def catchup_line(self) -> tuple[float, float] | None:
         """The catch-up's (fixed seconds, seconds per missed token); None before 3 resumes that
         missed different amounts."""
-        n, sx, sy, sxx, sxy = self.sw
-        if n < 3:
-            return None
-        mx, my = sx / n, sy / n
-        var = sxx / n - mx * mx
-        if var <= 1e-9 * max(mx * mx, 1.0):
-            return None
-        b = max((sxy / n - mx * my) / var, 0.0)
-        return max(my - b * mx, 0.0), b
+        return self.catchup.line()
 
     def catchup_rate(self) -> float | None:
         line = self.catchup_line()
@@ -118,18 +140,55 @@ class PaperSwitchCost(SwitchCost):
 
 
 class Dwell:
-    """Moving mean length of the policy's own runs with speculation off [0] and on [1]: how long a
-    flip into that state is expected to last, the horizon over which its C_switch amortises."""
+    """Moving mean length of the policy's own runs with speculation off and on: how long a flip
+    into that state is expected to last, the horizon over which its C_switch amortises."""
 
-    __slots__ = ("mean", "run")
+    __slots__ = ("off_mean", "on_mean", "run")
 
     def __init__(self, initial: float) -> None:
-        self.mean = [initial, initial]
+        self.off_mean = self.on_mean = initial
         self.run = 0  # steps since speculation last flipped on/off
 
+    def mean(self, on: bool) -> float:
+        """Mean length of the runs with speculation ``on`` (off when False)."""
+        return self.on_mean if on else self.off_mean
+
     def step(self, flipped: bool, was_on: bool) -> None:
-        if flipped:
-            k = 1 if was_on else 0  # the run that just ended
-            self.mean[k] += 0.2 * (min(self.run, MAX_DWELL) - self.mean[k])
+        if flipped:  # the run that just ended
+            ended = min(self.run, MAX_DWELL)
+            if was_on:
+                self.on_mean += 0.2 * (ended - self.on_mean)
+            else:
+                self.off_mean += 0.2 * (ended - self.off_mean)
             self.run = 0
         self.run += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Fill:
+    """What a step is in the pipeline: a fill step (it raised gamma or changed source, so it
+    verifies the previous step's drafts, not its own arm's) and whether it resumes the draft."""
+
+    is_fill: bool = False
+    resumes_draft: bool = False
+
+
+class Pipeline:
+    """Pipeline fill: drafts proposed in one step are verified in the next, so a step that raises
+    gamma verifies only the previous step's drafts (none when the draft was off: one token per
+    request, plus the drafting). It is not the arm's steady state and is not learnt as such; when
+    resuming, its cost above a plain step belongs to the switch. (A change of source verifies the
+    other source's drafts: not this arm's steady state either.)"""
+
+    __slots__ = ("detect", "prev_source", "prev_gamma")
+
+    def __init__(self, *, detect: bool) -> None:
+        self.detect = detect  # the paper learns fill steps as the arm's own
+        self.prev_source, self.prev_gamma = "draft", 0  # of the last observed step
+
+    def step(self, fb: StepFeedback) -> Fill:
+        src, prev_src, prev_gamma = fb.source, self.prev_source, self.prev_gamma
+        self.prev_source, self.prev_gamma = src, fb.gamma
+        fill = (fb.gamma > prev_gamma or (fb.gamma > 0 and src != prev_src)) and self.detect
+        resumes = fill and src == "draft" and (prev_gamma == 0 or prev_src != "draft")
+        return Fill(is_fill=fill, resumes_draft=resumes)
