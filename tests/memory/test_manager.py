@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import types
 
@@ -26,12 +27,12 @@ BLOCK_BYTES = 8192
 
 
 class FakeRunner:
-    def __init__(self) -> None:
+    def __init__(self, arena_cls: type = HostArena) -> None:
         self.device = torch.device("cpu")
         self.model = torch.nn.Linear(8, 8)
         draft = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))  # ~0.5 MB fp32
         self.drafter = types.SimpleNamespace(model=draft)
-        self.arena = HostArena(2 * NBLK * 4096)  # where kv_pool.install puts vLLM's KV pool
+        self.arena = arena_cls(2 * NBLK * 4096)  # where kv_pool.install puts vLLM's KV pool
         flat = self.arena.tensor().view(torch.bfloat16)
         self.kv_caches = [flat[i * NBLK * 2048:(i + 1) * NBLK * 2048].view(NBLK, 2, 16, 64)
                           for i in range(2)]  # 4 KiB/layer/block
@@ -51,8 +52,8 @@ class FakeScheduler:
         self.waiting: list = []
 
 
-def make(tmp_path, faults=0, **cfg):
-    worker = types.SimpleNamespace(model_runner=FakeRunner())
+def make(tmp_path, faults=0, arena_cls=HostArena, **cfg):
+    worker = types.SimpleNamespace(model_runner=FakeRunner(arena_cls))
 
     def rpc(fn, args=()):
         return [fn(worker, *args)]
@@ -207,3 +208,39 @@ def test_offload_asked_for_where_it_cannot_run_serves_with_the_draft_resident(mo
     assert ElasticMemoryManager.attach_if_enabled(object(), cfg) is None
     assert reason in UNAVAILABLE_MESSAGES
     assert REGISTRY.get_sample_value("nightjar_memory_offload_enabled", {"reason": reason}) == 0
+
+
+class GatedArena(HostArena):
+    """A host arena whose map does work (as cuMemCreate/cuMemMap do on CUDA) that a gate holds back."""
+
+    map_is_bookkeeping = False
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.gate = threading.Event()
+        self.mapped_on: list[str] = []
+
+    def _back(self, a: int, b: int) -> None:
+        self.mapped_on.append(threading.current_thread().name)
+        assert self.gate.wait(10), "the test never opened the gate"
+
+
+def test_the_kv_restore_runs_off_the_engine_step_and_the_scheduler_gets_the_blocks_once_mapped(tmp_path):
+    m, sched, worker = make(tmp_path, arena_cls=GatedArena, mode="offloaded")
+    arena, bp = worker.model_runner.arena, sched.kv_cache_manager.block_pool
+    m.on_step(0)
+    assert m.sm.state is DraftState.OFFLOADING
+    assert wa._agent(worker).mover.task.wait(10)  # the weights are off the device: the restore may start
+    t0 = time.perf_counter()
+    for _ in range(5):
+        d = m.on_step(0)
+    assert time.perf_counter() - t0 < 2  # the steps go on while the mapping waits at the gate
+    assert m.sm.state is DraftState.OFFLOADING and arena.mapped_on == ["nightjar-kv-restore"]
+    assert d.allowed_blocks == BASE - 1 == bp.get_num_free_blocks()  # not one extra block handed out yet
+    arena.gate.set()
+    d = step_until(m, DraftState.OFFLOADED)
+    # each layer's run mapped on that thread: nothing was left for the engine thread to map
+    assert arena.mapped_on == ["nightjar-kv-restore"] * len(worker.model_runner.kv_caches)
+    assert d.allowed_blocks == BASE - 1 + m.pool.extra == bp.get_num_free_blocks()
+    assert arena.is_mapped(0, (BASE + m.pool.extra) * 4096)  # each layer's extra blocks
+    assert m.released_bytes == arena.size - arena.mapped_bytes()  # the background bytes were counted

@@ -48,6 +48,7 @@ class Arena:
     background thread (off the engine step) while the engine thread may release."""
 
     zero_filled = False  # fresh memory reads as zeros
+    map_is_bookkeeping = False  # ``_back`` does no work (nothing to take off the engine step)
 
     def __init__(self, size: int, chunk: int) -> None:
         self.chunk = chunk
@@ -118,6 +119,7 @@ class HostArena(Arena):
     """Anonymous host memory (CPU KV pools). The mapping lives as long as any tensor made from it."""
 
     zero_filled = True  # and committed only when touched: held-back blocks never cost memory
+    map_is_bookkeeping = True
 
     def __init__(self, size: int, chunk: int = PAGE) -> None:
         import torch

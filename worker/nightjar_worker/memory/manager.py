@@ -103,7 +103,8 @@ class ElasticMemoryManager:
         self.pool = ElasticBlockPool(block_pool, base, extra)
         self.released_bytes = 0  # of the KV pool, given back now (nightjar_kv_released_bytes)
         if config.release_pages:  # the held-back part of the pool costs no memory from now on
-            self._count_released(sum(rpc(wa.rpc_release_from, args=(base,))))
+            # (base + extra: what the worker maps back in the background once the draft is off)
+            self._count_released(sum(rpc(wa.rpc_release_from, args=(base, base + extra))))
         self.policy = OffloadPolicy(config.policy)
         self.backoff = RetryBackoff(config.backoff)
         self.sm = DraftStateMachine(clock=clock)
@@ -333,7 +334,7 @@ class ElasticMemoryManager:
         released = 0
         if self.config.release_pages and pool.extra:
             try:
-                released = sum(self.rpc(wa.rpc_release_from, args=(pool.base,)))
+                released = sum(self.rpc(wa.rpc_release_from, args=(pool.base, pool.base + pool.extra)))
             except Exception as e:  # noqa: BLE001
                 self._reload_failed(f"releasing KV pages: {type(e).__name__}: {e}", self.clock())
                 return

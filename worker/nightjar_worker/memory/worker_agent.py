@@ -4,6 +4,12 @@ Every ``rpc_*`` function is module level (vLLM pickles it by reference) and take
 (vLLM's ``WorkerWrapperBase``) first. They return plain dicts and never raise into the worker's
 RPC loop for expected failures: a failed move is reported in ``rpc_poll``.
 
+KV restore off the engine step: the scheduler tells ``rpc_release_from`` which blocks it will want back
+(``restore_stop``). Once the draft has left the device (an offload done, a reload failed or cancelled),
+``poll`` maps them on a background thread and reports the move done only when they are mapped; the
+scheduler's ``rpc_restore`` then finds them mapped (or maps what is left, the fallback) before it hands
+them out. On CUDA each mapping is driver calls (``cuda_vmm``): off the step, they cost no step time.
+
 Safety net: while the draft is not resident the runner's ``_input_fits_in_drafter`` answers False,
 so even a scheduler bug asking for drafts cannot run a draft whose parameters are empty; vLLM then
 emits no drafts for that step (plain autoregressive decoding).
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 from . import kv_pool
@@ -63,6 +70,10 @@ class WorkerMemoryAgent:
                     "is allocated: is nightjar-worker installed in this environment?)"
                 )
             self.releaser = KVPageReleaser(arena, kv)
+        self.restore_range: tuple[int, int] | None = None  # blocks the scheduler will want back
+        self._restorer: threading.Thread | None = None
+        self._restored = 0  # bytes the background restore mapped, not yet reported by rpc_restore
+        self._restore_error: str | None = None
         self._install_guard()
 
     def _install_guard(self) -> None:
@@ -90,9 +101,62 @@ class WorkerMemoryAgent:
         t = self.mover.task
         out: dict[str, Any] = {"resident": self.mover.resident, "rss_bytes": _rss_bytes()}
         if t is not None:
-            out.update(kind=t.kind, done=t.done, error=t.error, duration_s=t.duration_s, bytes=t.bytes_moved,
-                       busy_s=t.busy_s, slices=t.slices, cancelled=t.cancelled)
+            restoring = t.done and self._restore_in_background()
+            out.update(kind=t.kind, done=t.done and not restoring, error=t.error, duration_s=t.duration_s,
+                       bytes=t.bytes_moved, busy_s=t.busy_s, slices=t.slices, cancelled=t.cancelled,
+                       restoring=restoring, restore_error=self._restore_error)
         return out
+
+    # -- KV restore on a background thread ---------------------------------------------------------------
+    def _restore_in_background(self) -> bool:
+        """With the draft off the device, map the blocks the scheduler will want back on a thread;
+        True while that runs."""
+        th = self._restorer
+        if th is not None:
+            if th.is_alive():
+                return True
+            self._restorer = None
+            return False
+        rng, rel = self.restore_range, self.releaser
+        if rel is None or rng is None or self.mover.resident:
+            return False
+        if all(rel.arena.is_mapped(s, e) for s, e in rel.ranges(*rng)):
+            return False
+        if rel.arena.map_is_bookkeeping:  # CPU: no work to move off the step
+            self._restored += rel.restore(*rng)
+            return False
+
+        def run() -> None:
+            try:
+                self._restored += rel.restore(*rng)
+                self._restore_error = None
+            except Exception as e:  # noqa: BLE001 - rpc_restore maps what is left, or reports it
+                self._restore_error = f"{type(e).__name__}: {e}"
+                log.warning("nightjar memory: mapping the extra KV blocks in the background failed (%s)",
+                            self._restore_error)
+
+        self._restorer = th = threading.Thread(target=run, name="nightjar-kv-restore", daemon=True)
+        th.start()
+        return True
+
+    def join_restore(self, timeout_s: float | None = None) -> None:
+        th = self._restorer
+        if th is not None:
+            th.join(timeout_s)
+
+    def restore(self, first: int, stop: int) -> int:
+        """Blocks ``first..stop-1`` mapped before the scheduler uses them: what the background restore
+        mapped plus whatever is still unmapped, mapped now."""
+        self.join_restore()
+        n, self._restored = self._restored, 0
+        return n + (self.releaser.restore(first, stop) if self.releaser is not None else 0)
+
+    def release_from(self, first: int, restore_stop: int | None) -> int:
+        self.join_restore()  # never unmap under a running restore
+        if restore_stop is not None:
+            self.restore_range = (first, restore_stop)
+        self._restored = 0
+        return self.releaser.release(first) if self.releaser is not None else 0
 
 
 def _agent(worker: Any) -> WorkerMemoryAgent:
@@ -110,16 +174,17 @@ def rpc_init(worker: Any, host_store: str, offload_dir: str | None, release_page
     return agent.info()
 
 
-def rpc_release_from(worker: Any, first_block: int) -> int:
-    """Return the memory of KV blocks >= first_block (their owners must be gone)."""
-    a = _agent(worker)
-    return a.releaser.release(first_block) if a.releaser is not None else 0
+def rpc_release_from(worker: Any, first_block: int, restore_stop: int | None = None) -> int:
+    """Return the memory of KV blocks >= first_block (their owners must be gone). ``restore_stop``:
+    blocks first_block..restore_stop-1 are the ones to map again, in the background, once the draft
+    has left the device."""
+    return _agent(worker).release_from(first_block, restore_stop)
 
 
 def rpc_restore(worker: Any, first_block: int, stop_block: int) -> int:
-    """Map the memory of KV blocks first_block..stop_block-1 again, before the scheduler may use them."""
-    a = _agent(worker)
-    return a.releaser.restore(first_block, stop_block) if a.releaser is not None else 0
+    """KV blocks first_block..stop_block-1 mapped, before the scheduler may use them (usually the
+    background restore has done it); returns the bytes mapped since the last release."""
+    return _agent(worker).restore(first_block, stop_block)
 
 
 def rpc_offload(worker: Any) -> dict[str, Any]:
@@ -156,4 +221,6 @@ def rpc_wait(worker: Any, timeout_s: float) -> dict[str, Any]:
     a = _agent(worker)
     if a.mover.task is not None:
         a.mover.task.wait(timeout_s)
+        a.poll()  # starts the KV restore if the move left the draft off the device
+        a.join_restore(timeout_s)
     return a.poll()
