@@ -85,12 +85,12 @@ class DraftCatchup:
     def catch_up(self, ranges: list[tuple[int, int, int]], common_attn_metadata: Any) -> int:
         """Run the draft over ``ranges`` ((row, start, end) in input-batch rows). Returns tokens."""
         total = 0
-        for chunk in _chunks(ranges, self.max_chunk_tokens):
-            self._forward(chunk, common_attn_metadata.block_table_tensor)
-            total += sum(e - s for _, s, e in chunk)
+        with torch.inference_mode():
+            for chunk in _chunks(ranges, self.max_chunk_tokens):
+                self._forward(chunk, common_attn_metadata.block_table_tensor)
+                total += sum(e - s for _, s, e in chunk)
         return total
 
-    @torch.inference_mode()
     def _forward(self, chunk: list[tuple[int, int, int]], block_table: torch.Tensor) -> None:
         from vllm.config import CUDAGraphMode
         from vllm.forward_context import set_forward_context

@@ -54,7 +54,7 @@ class ForcedSchedulePolicy:
     def decide(self, batch_size: int, prompt_tokens: int = 0) -> int:
         self._source, g = self.schedule[self._i % len(self.schedule)]
         self._i += 1
-        return g
+        return int(g)
 
     def source(self) -> str:
         return self._source

@@ -127,5 +127,5 @@ def install_worker_check() -> bool:
         return orig(self, *args, **kwargs)
 
     load_model.__wrapped__ = orig  # type: ignore[attr-defined]
-    Worker.load_model = load_model  # type: ignore[method-assign]
+    Worker.load_model = load_model
     return True

@@ -31,8 +31,9 @@ class NgramDrafter:
             scheduler_config=SimpleNamespace(max_num_seqs=vllm_config.scheduler_config.max_num_seqs),
             parallel_config=SimpleNamespace(tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size),
         )
-        self.proposer = NgramProposer(shim)  # type: ignore[arg-type]  # reads only the fields above
+        self.proposer = NgramProposer(shim)  # reads only the fields above
 
     def propose(self, k: int, sampled: list[list[int]], input_batch: Any) -> list[list[int]]:
         """Up to ``k`` drafts per request of the batch (none for a request that sampled nothing)."""
-        return self.proposer.propose(k, sampled, input_batch.num_tokens_no_spec, input_batch.token_ids_cpu)
+        drafts: list[list[int]] = self.proposer.propose(k, sampled, input_batch.num_tokens_no_spec, input_batch.token_ids_cpu)
+        return drafts

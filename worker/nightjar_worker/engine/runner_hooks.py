@@ -58,7 +58,7 @@ def install() -> bool:
     orig_propose = GPUModelRunner.propose_draft_token_ids
     orig_sample = GPUModelRunner.sample_tokens
 
-    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):  # noqa: ANN001
+    def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         c = _catchup(self)
         if c is None:
             return orig_propose(self, scheduler_output, *args, **kwargs)
@@ -66,10 +66,10 @@ def install() -> bool:
         stats = self.__dict__.setdefault("_nightjar_step_stats", WorkerStepStats())
         return c.on_propose(scheduler_output, cad, lambda: orig_propose(self, scheduler_output, *args, **kwargs), stats)
 
-    def sample_tokens(self, grammar_output):  # noqa: ANN001
+    def sample_tokens(self: Any, grammar_output: Any) -> Any:
         self._nightjar_step_stats = stats = WorkerStepStats()
         so = getattr(getattr(self, "execute_model_state", None), "scheduler_output", None)
-        ngram_k = int(so.num_spec_tokens_to_schedule) if getattr(so, "nightjar_source", None) == "ngram" else 0
+        ngram_k = int(so.num_spec_tokens_to_schedule) if so is not None and getattr(so, "nightjar_source", None) == "ngram" else 0
         out = orig_sample(self, grammar_output)
         if isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT and _catchup(self):
             # vLLM skips the proposal hook when the draft cannot take the step (while its weights

@@ -75,12 +75,12 @@ class NightjarScheduler(Scheduler):
         self.nightjar_control: Any = None
         # Per-request draft/accept counts, filled only while ``record_per_request`` is set (profiler):
         # req_id -> [prompt token ids, drafted, accepted].
-        self.request_acceptance: dict[str, list] = {}
+        self.request_acceptance: dict[str, list[Any]] = {}
         self.nightjar_memory: Any = None  # ElasticMemoryManager (memory area), when enabled
         if not self.nightjar_enabled:
             log.warning("nightjar: no speculative_config (K=0): NightjarScheduler acts as vLLM's scheduler")
             return
-        if self.dynamic_sd_lookup is not None:
+        if getattr(self, "dynamic_sd_lookup", None) is not None:  # vLLM's table, when configured
             log.warning("nightjar: num_speculative_tokens_per_batch_size is ignored; the Nightjar policy decides")
         # A non-None lookup turns off vLLM's padding of resumed requests to K placeholder drafts
         # (a CUDA-graph aid): with gamma < K it would verify drafts the policy did not ask for.
@@ -144,7 +144,7 @@ class NightjarScheduler(Scheduler):
         kvm = self.kv_cache_manager
         if request.num_computed_tokens or not kvm.prefix_cache_lookup_enabled(request):
             return 0
-        return kvm.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1]
+        return int(kvm.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1])
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         t1 = time.perf_counter()
@@ -176,13 +176,13 @@ class NightjarScheduler(Scheduler):
                     drafts += n_spec
                     accepted += max(0, len(gen) - 1)
                     if self.record_per_request:
-                        rec = self.request_acceptance.get(req_id)
-                        if rec is None:
+                        acc = self.request_acceptance.get(req_id)
+                        if acc is None:
                             req = self.requests.get(req_id)
                             prompt_ids = tuple(req.prompt_token_ids or ()) if req is not None else ()
-                            rec = self.request_acceptance[req_id] = [prompt_ids, 0, 0]
-                        rec[1] += n_spec
-                        rec[2] += max(0, len(gen) - 1)
+                            acc = self.request_acceptance[req_id] = [prompt_ids, 0, 0]
+                        acc[1] += n_spec
+                        acc[2] += max(0, len(gen) - 1)
             prefill += max(0, n_sched - 1 - n_spec)
         catchup_s = worker.catchup_s if worker is not None else 0.0
         rec = StepFeedback(
