@@ -450,11 +450,14 @@ def check_offload(plan: Plan, target: Decoder, draft: Decoder) -> dict:
     mover = DraftWeightMover(module, plan.device, host_store="pinned" if plan.device == "cuda" else "memory")
     step = Step(target, min(32, max(plan.batch_sizes)), 1, plan.context, plan)
 
-    def timed_step() -> float:
-        """One decode step's time on the compute stream only. On CUDA: events recorded on the
-        current (compute) stream around the graph replay, waited for on that stream alone; a
-        device-wide synchronize would also wait for the mover's copies on its side stream, so a
-        mover that overlaps perfectly would read as a stall."""
+    def timed_step() -> tuple[float, float]:
+        """(the step's time on the compute stream, host launch to its end on that stream). On CUDA
+        the first is CUDA events recorded on the current (compute) stream around the graph replay
+        and the second waits for that stream alone: a device-wide synchronize would also wait for
+        the mover's copies on its side stream, so a mover that overlaps perfectly would read as a
+        stall. The second also sees what queues the step behind it (a copy put on the compute
+        stream, the mover thread holding the GIL): reported, the criterion is the first."""
+        t0 = time.perf_counter()
         if plan.device == "cuda":
             stream = torch.cuda.current_stream()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -462,15 +465,15 @@ def check_offload(plan: Plan, target: Decoder, draft: Decoder) -> dict:
             step.run()
             end.record(stream)
             end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
+            return start.elapsed_time(end) / 1e3, time.perf_counter() - t0
         step.run()
-        return time.perf_counter() - t0
+        t = time.perf_counter() - t0
+        return t, t
 
     base = [timed_step() for _ in range(30)]
     phases: dict[str, dict] = {}
-    for kind, start in (("offload", mover.start_offload), ("reload", mover.start_reload)):
-        task = start()
+    for kind, begin in (("offload", mover.start_offload), ("reload", mover.start_reload)):
+        task = begin()
         steps = []
         while not task.done:
             steps.append(timed_step())
@@ -478,14 +481,19 @@ def check_offload(plan: Plan, target: Decoder, draft: Decoder) -> dict:
             raise RuntimeError(f"draft {kind} failed: {task.error}")
         phases[kind] = {"seconds": task.duration_s, "bytes": task.bytes_moved or mover.param_bytes,
                         "gb_per_s": (task.bytes_moved or mover.param_bytes) / task.duration_s / 1e9,
-                        "steps_during": len(steps), "max_step_s": max(steps, default=0.0)}
-    med = statistics.median(base)
+                        "steps_during": len(steps), "max_step_s": max((g for g, _ in steps), default=0.0),
+                        "max_latency_s": max((h for _, h in steps), default=0.0)}
+    med = statistics.median(g for g, _ in base)
+    med_lat = statistics.median(h for _, h in base)
     step.close()
     mover.close()
+    during = phases["reload"]["steps_during"]
     return {
         "draft": draft.s.name, "draft_bytes": mover.param_bytes, "decode_batch": step.tokens.shape[0],
-        "median_step_s": med, **{f"{k}_{m}": v for k, p in phases.items() for m, v in p.items()},
-        "reload_max_step_ratio": phases["reload"]["max_step_s"] / med if phases["reload"]["steps_during"] else 1.0,
+        "median_step_s": med, "median_latency_s": med_lat,
+        **{f"{k}_{m}": v for k, p in phases.items() for m, v in p.items()},
+        "reload_max_step_ratio": phases["reload"]["max_step_s"] / med if during else 1.0,
+        "reload_max_latency_ratio": phases["reload"]["max_latency_s"] / med_lat if during else 1.0,
         "step_timing": "CUDA events on the compute stream" if plan.device == "cuda" else "host clock (CPU)",
     }
 
@@ -648,6 +656,7 @@ def main() -> int:
         "offload_gbps": round(off.get("offload_gb_per_s", math.nan), 2),
         "reload_gbps": round(off.get("reload_gb_per_s", math.nan), 2),
         "reload_max_step_ratio": round(off.get("reload_max_step_ratio", math.nan), 3),
+        "reload_max_latency_ratio": round(off.get("reload_max_latency_ratio", math.nan), 3),
         "verify_b1_g0_ms": round(prof["verify_s"][b1][0] * 1e3, 3) if prof else "error",
         "errors": ",".join(summary["errors"]) or "none", "wall_s": round(wall, 1),
     }
