@@ -372,6 +372,9 @@ def check_kv_release(plan: Plan) -> dict:
 
     lay = load_kv_layout(plan.kv_blocks)
     blocks = lay["num_blocks"]
+    if plan.device == "cuda":
+        torch.zeros(1, device="cuda")  # the context exists before the first count of free memory
+        free_before = free_bytes(plan.device)
     pool = TorchWithPoolZeros(torch, make_arena)
     t0 = time.perf_counter()
     raw = pool.zeros(lay["size"], dtype=torch.int8, device=plan.device)  # vLLM's allocate_kv_cache call
@@ -423,17 +426,23 @@ def check_kv_release(plan: Plan) -> dict:
         g.replay()
         torch.cuda.synchronize()
         out["cuda_graph_replays_after_remap"] = int(total) == layers[0][base:].numel()
+        del g, total, graph
     del raw, layers, rel, saved
     arena.close()
+    if plan.device == "cuda":  # every segment released and the reservation freed: all of it is back
+        torch.cuda.empty_cache()
+        out["bytes_not_back_after_close"] = free_before - free_bytes(plan.device)
     return out
 
 
 def kv_release_passed(kv: dict) -> bool:
     """What must hold before CUDA workers may run elastic memory by default (``availability``): the
-    device gets back what was unmapped, which is every whole granule of the released blocks."""
+    device gets back what was unmapped, which is every whole granule of the released blocks, and all
+    of the pool once the arena is closed (64 MiB of slack for what CUDA itself keeps)."""
     return (kv.get("returned_share_of_released", 0.0) >= 0.95 and kv.get("base_data_intact") is True
             and kv.get("released_bytes") == kv.get("mapped_bytes") == kv.get("whole_granule_bytes")
-            and kv.get("remapped_blocks_writable") is True and kv.get("cuda_graph_replays_after_remap", True) is True)
+            and kv.get("remapped_blocks_writable") is True and kv.get("cuda_graph_replays_after_remap", True) is True
+            and kv.get("bytes_not_back_after_close", 0) <= 64 << 20)
 
 
 def reload_passed(off: dict) -> bool:

@@ -70,6 +70,7 @@ def test_every_criterion_can_fail():
            gc.verdict({**kv, "base_data_intact": False}, off, False, 300.0),
            gc.verdict({**kv, "whole_granule_bytes": 16}, off, False, 300.0),  # the arena kept a granule it could free
            gc.verdict({**kv, "cuda_graph_replays_after_remap": False}, off, False, 300.0),
+           gc.verdict({**kv, "bytes_not_back_after_close": 65 << 20}, off, False, 300.0),  # a leak
            gc.verdict({}, off, False, 300.0),  # the stage raised
            gc.verdict(kv, {"reload_max_step_ratio": 1.6}, False, 300.0),
            gc.verdict(kv, {}, False, 300.0),
