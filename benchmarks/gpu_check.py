@@ -23,7 +23,7 @@ it runs on a bare GPU machine: ``PYTHONPATH=worker:contract:. python3 -m benchma
 Ends with ``RESULT passed=true|false ...`` (every criterion: ``verdict``) and exits 1 when any failed;
 a stage that raises fails its criterion and the others still run. ``GPU_CHECK_DRY=1`` runs the same
 code on CPU with tiny shapes (the script's own test; timings there are not judged; the KV release
-runs on a host arena). ``GPU_CHECK_BUDGET_S`` (default 330) stops the profile early, marked
+runs on a host arena). ``GPU_CHECK_BUDGET_S`` (default 300) stops the profile early, marked
 ``truncated`` (a failed criterion), rather than overrunning the 8 minutes. ``GPU_CHECK_FAIL=<criterion>``
 forces one to fail (the tests show the exit status that way).
 """
@@ -612,7 +612,7 @@ def main() -> int:
     out = Path(os.environ.get("NIGHTJAR_GPU_CHECK_OUT") or "build/gpu-check")
     (out / "profiles").mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    deadline = t_start + float(os.environ.get("GPU_CHECK_BUDGET_S", "330"))
+    deadline = t_start + float(os.environ.get("GPU_CHECK_BUDGET_S", "300"))
     plan = Plan.for_run(dry)
     gpu = torch.cuda.get_device_name(0) if plan.device == "cuda" else "cpu-dry-run"
     summary: dict = {"gpu": gpu, "torch": torch.__version__, "dry_run": dry, "errors": {}}
