@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.nightjar-installed
 CACHE ?= $(HOME)/.cache/nightjar
+# helm from `make helm` (mk/cluster.mk); HELM=/path/to/helm (make or environment) overrides.
+HELM ?= $(CACHE)/bin/helm
 QUICK ?= 0
 export QUICK
 

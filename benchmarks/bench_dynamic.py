@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -51,7 +50,7 @@ from typing import Any
 
 from nightjar_worker import loadgen
 from nightjar_worker.engine.step_stats import read_jsonl
-from nightjar_worker.models import elastic_memory_env
+from nightjar_worker.models import add_pair_argument, elastic_memory_env, get_pair
 from nightjar_worker.serve import ServerProcess
 from nightjar_worker.sim.profile import CostProfile
 
@@ -77,24 +76,13 @@ SERVER_B = ["dsd", "oracle", "nightjar", "nosd-nodraft"]
 ADAPTIVE = ("vllm-table", "ucb", "nightjar-no-offload", "dsd", "oracle", "nightjar")
 DRAFT_STATES = ("resident", "offloading", "offloaded", "reloading", "draining")
 
-# Offered load per pair (req/s): "low" about one request at a time, "high" above the service rate
-# (closed loop at the cap). Measured here (2 shared cores, bf16, under the lead's load): bundled 65 ms
-# per decode step at batch 1, ~0.5 s at batch 40, prefill ~90 tokens/s.
-# qwen (fp32): its measured profile crosses over between batch 8 and 16 (best gamma 2 at batch 1, 1 at
-# 2-8, 0 at 16; docs/engine.md), so "high" fills 16 slots once (one wave: 16 prompts prefilled, then
-# ~90 s of decoding, so a longer phase would spill a second wave into low-again) and "low" keeps one slot
-# busy (~30 s per request at 64 tokens: ~3 back to back in 90 s). Its former trace (low 0.04 req/s, high
-# capped at 6) put 0-1 requests in each low phase and never reached the batch where no-SD wins. Low
-# phases of 150 s, high 60 s and saw levels of 15 s (aca6011, 2026-12-03; results in
-# dynamic-qwen/trace150-aca6011/) did not steady the low phases' figures.
-TRACES = {
-    "bundled": dynamic_lib.TraceSpec(low_rate=0.1, high_rate=1.0, low_cap=2, high_cap=8),
-    "qwen": dynamic_lib.TraceSpec(low_rate=0.2, high_rate=1.0, low_cap=1, high_cap=16,
-                                  low_s=90.0, high_s=75.0, saw_level_s=20.0),
-}
-# Output tokens per request (QUICK: 32): qwen's fewer, so each low phase holds several requests.
-MAX_TOKENS = {"bundled": 96, "qwen": 64}
-QUICK_SCALE = {"bundled": 0.25, "qwen": 0.25}
+
+
+def trace_spec(pair: str) -> dynamic_lib.TraceSpec:
+    """The pair's offered load (its settings: ``nightjar_worker.models.PAIR_SETTINGS``)."""
+    return dynamic_lib.TraceSpec(**get_pair(pair).dynamic_trace)
+
+
 # Every policy replays the same prompts on the same server: with vLLM's prefix cache on, later policies
 # would skip most of the prefill the first ones paid (measured: +55% tokens/s for the same gamma-0
 # schedule run after the sweep). Off, so every policy pays the same prefill.
@@ -179,7 +167,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.out: Path = args.out
-        self.spec = TRACES[args.pair]
+        self.spec = trace_spec(args.pair)
         self.phases = dynamic_lib.dynamic_trace(self.spec, args.scale)
         self.names = dynamic_lib.phase_names(self.phases)
         self.windows = dynamic_lib.phase_windows(self.phases)
@@ -523,7 +511,7 @@ def fmt_s(x: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     quick = common.is_quick()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR", "bundled") or "bundled")
+    add_pair_argument(ap)
     ap.add_argument("--scale", type=float, default=None, help="trace duration factor (QUICK: 0.25)")
     ap.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (default per pair; QUICK: 32)")
     ap.add_argument("--policies", nargs="*", default=[*SERVER_A, *SERVER_B])
@@ -544,9 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     args.quick = quick
     args.max_prompt_chars = args.max_prompt_chars or None
     if args.scale is None:
-        args.scale = QUICK_SCALE[args.pair] if quick else 1.0
+        args.scale = get_pair(args.pair).dynamic_quick_scale if quick else 1.0
     if args.max_tokens is None:
-        args.max_tokens = 32 if quick else MAX_TOKENS[args.pair]
+        args.max_tokens = 32 if quick else get_pair(args.pair).dynamic_max_tokens
     if args.out is None:
         sub = "dynamic" if args.pair == "bundled" else f"dynamic-{args.pair}"
         args.out = common.results_dir(sub) / ("quick" if quick else "")

@@ -43,15 +43,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nightjar_contract.planner import DEFAULT_MAX_GAMMA
 from nightjar_worker import loadgen
 from nightjar_worker.engine.lossless import lossless_mismatch, top2_margin
-from nightjar_worker.models import elastic_memory_env
+from nightjar_worker.models import add_pair_argument, elastic_memory_env
 from nightjar_worker.serve import ServerProcess
 
 from benchmarks.common import is_quick, print_result, print_table, results_dir, write_json
-from benchmarks.serving import ADMIN_TOKEN, PAIRS, openai_client, pair_args, set_cpu_env
+from benchmarks.serving import ADMIN_TOKEN, openai_client, pair_args, set_cpu_env
 
-K = 4
+K = DEFAULT_MAX_GAMMA
 CALIBRATE = 2  # prompts per category in the calibration pass
 GROUP_SIZE = 3  # categories per group
 SETTINGS = ("resident", "tight")
@@ -277,7 +278,7 @@ def headline(results: dict[str, Any]) -> dict[str, float | None]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", choices=PAIRS, default=os.environ.get("PAIR") or "bundled")
+    add_pair_argument(ap)
     ap.add_argument("--max-tokens", type=int, default=None)
     args = ap.parse_args(argv)
     quick = is_quick()

@@ -26,6 +26,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from nightjar_contract.planner import DEFAULT_MAX_GAMMA
 from nightjar_worker.planner import PlannerConfig, build_policy
 from nightjar_worker.planner.oracle import OraclePolicy
 from nightjar_worker.planner.policy import StepFeedback
@@ -38,7 +39,7 @@ from benchmarks.common import is_quick, print_result, print_table, results_dir, 
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROFILE = ROOT / "profiles" / "roofline-h100-7b.json"
-K = 4
+K = DEFAULT_MAX_GAMMA
 # A plausible hand-written vLLM num_speculative_tokens_per_batch_size table (what an operator
 # without a profiler would set): long drafts for small batches, none for large ones.
 TABLE = {1: 4, 16: 3, 32: 2, 64: 1, 128: 0}

@@ -45,19 +45,18 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from nightjar_worker import loadgen
+from nightjar_worker.models import add_pair_argument
 from nightjar_worker.serve import ServerProcess
 
 from benchmarks.common import is_quick
 from benchmarks.serving import (
     ADMIN_TOKEN,
-    PAIRS,
     lossless_verdict,
     pair_args,
     pair_dtype,
@@ -215,8 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                     default=["nosd", "static-1", "static-2", "static-3", "static-4", "vllm-table", "nightjar"])
     ap.add_argument("--lossless-prompts", type=int, default=3 if quick else 12)
     ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/serve[-<pair>]")
-    ap.add_argument("--pair", choices=PAIRS, default=os.environ.get("PAIR") or "bundled",
-                    help="bundled: the SmolLM2 pair (make models); qwen: Qwen2.5-Coder 1.5B/0.5B (make models-qwen)")
+    add_pair_argument(ap)
     ap.add_argument("--nosd-switched", action="store_true", default=quick,
                     help="switch mode: run no-SD on the same server too (planner policy 'nosd': no draft forward)")
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from nightjar_contract.planner import DEFAULT_MAX_GAMMA
 from nightjar_operator.fleet.aggregate import aggregate, extract
 from nightjar_operator.fleet.priors import PriorsConfig, merge_priors
 from nightjar_operator.fleet.promtext import parse
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     profile = CostProfile.load(args.profile)
-    cfg = PlannerConfig(max_gamma=min(4, max(profile.gammas)), max_batch=profile.max_batch)
+    cfg = PlannerConfig(max_gamma=min(DEFAULT_MAX_GAMMA, max(profile.gammas)), max_batch=profile.max_batch)
     arms = cfg.resolved_arms()
     fleet_trace = dynamic_trace(args.low, args.high, args.fleet_phase)
     trace = dynamic_trace(args.low, args.high, args.phase) * 3

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nightjar_worker import loadgen
-from nightjar_worker.models import PAIR_DTYPES, PAIRS, pair_args, pair_dirs, pair_dtype  # noqa: F401 - re-exported
+from nightjar_worker.models import PAIRS, pair_args, pair_dirs, pair_dtype  # noqa: F401 - re-exported
 
 ADMIN_TOKEN = "bench-serve"
 def lossless_verdict(detail: dict[str, str]) -> bool:

@@ -33,10 +33,11 @@ import time
 from pathlib import Path
 
 from nightjar_worker import loadgen
+from nightjar_worker.models import add_pair_argument
 from nightjar_worker.serve import ServerProcess
 
 from benchmarks import common, dynamic_lib
-from benchmarks.bench_dynamic import TRACES
+from benchmarks.bench_dynamic import trace_spec
 from benchmarks.serving import (
     ADMIN_TOKEN,
     GroupRssSampler,
@@ -103,7 +104,7 @@ async def soak_segment(url: str, model: str, prompts, phases, max_tokens: int, s
 def main(argv: list[str] | None = None) -> int:
     quick = common.is_quick()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR", "bundled") or "bundled")
+    add_pair_argument(ap)
     ap.add_argument("--seconds", type=float, default=120.0 if quick else float(os.environ.get("SOAK_S", "2400")))
     ap.add_argument("--segment-s", type=float, default=None, help="policy rotation period (default: 30 s, "
                     "at most a sixth of the soak so every policy runs)")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         args.segment_s = min(30.0, args.seconds / 6)
     out = args.out or (common.results_dir("soak") / ("quick" if quick else ""))
     out.mkdir(parents=True, exist_ok=True)
-    spec = TRACES[args.pair]
+    spec = trace_spec(args.pair)
     # prompts that fit max_model_len (1024 tokens) with room to answer: a longer one is a 400, not a loss
     pool = loadgen.mixed_prompts(dynamic_lib.short_prompts(loadgen.load_prompts(), args.max_prompt_chars),
                                  args.pool, seed=5)

@@ -4,8 +4,6 @@ CHART := charts/nightjar
 CHART_CRDS := $(CHART)/files/crds
 MANIFESTS_DIR ?= manifests
 MANIFESTS_NS ?= nightjar-system
-# helm comes from `make helm` (mk/cluster.mk); override with HELM=/path/to/helm.
-HELM ?= $(CACHE)/bin/helm
 HELM_RENDER = $(HELM) template nightjar $(CHART) --namespace $(MANIFESTS_NS) --skip-tests --set crds.install=false
 
 .PHONY: prometheus chart-crds dashboards chart-readme manifests manifests-render chart-lint

@@ -4,7 +4,6 @@
 # many nodes or GPUs use fake nodes instead (nightjar_operator.testing.fake_kubelet).
 K8S_CACHE := $(CACHE)/k8s
 K8S_BINS := $(addprefix $(K8S_CACHE)/bin/,kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
-HELM := $(CACHE)/bin/helm
 KIND_CLUSTER ?= nightjar
 
 .PHONY: cluster-build helm k8s-models cluster-up cluster-down cluster-env kind-up

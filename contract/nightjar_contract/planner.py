@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 POLICIES = ("nightjar", "nosd", "static", "table", "dsd", "ucb", "oracle")
+DEFAULT_MAX_GAMMA = 4  # K when none is given: the planner, the simulator, the demo and the benchmarks
+MAX_GAMMA = 64  # the largest K a configuration may ask for (the CRD's schema bound too)
 PolicyName = Literal["nightjar", "nosd", "static", "table", "dsd", "ucb", "oracle"]
 
 
@@ -54,7 +56,8 @@ class PlannerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     policy: PolicyName = "nightjar"
-    max_gamma: int = Field(4, ge=0, le=64, description="K: the largest speculation length (arms are 0..K)")
+    max_gamma: int = Field(DEFAULT_MAX_GAMMA, ge=0, le=MAX_GAMMA,
+                           description="K: the largest speculation length (arms are 0..K)")
     arms: list[int] | None = Field(None, description="subset of 0..K; default all")
     ngram_arms: list[int] = Field(
         default_factory=list,

@@ -34,17 +34,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nightjar_contract.planner import DEFAULT_MAX_GAMMA
+
 from nightjar_worker import loadgen
 from nightjar_worker.loadgen import Phase
+from nightjar_worker.models import PAIR_SETTINGS, add_pair_argument, get_pair
 
 DEFAULT_OUT = Path("benchmarks/results/demo")
-K = 4
+K = DEFAULT_MAX_GAMMA
 REPEATING = ("summarization", "extraction", "coding")  # answers that quote their prompt
 STATES = ("resident", "offloading", "offloaded", "reloading", "draining")  # nightjar_draft_state values
 TRIGGERS = ("demand", "recheck")  # nightjar_draft_returns_total: why the draft came back
-# Per pair: requests per low-load segment, max tokens, spike scale. The bundled run fits 6 minutes
-# from a fresh clone on 2 cores, install included; the Qwen target decodes at ~2 tok/s.
-PAIR_DEFAULTS = {"bundled": (6, 128, 0.6), "qwen": (3, 64, 0.5)}
 
 
 @dataclass
@@ -270,20 +270,23 @@ def plot(ticks: list[Tick], segs: list[Segment], path: Path, title: str) -> None
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="nightjar-worker demo", description=__doc__.split("\n")[0])
 
-    def per_pair(i: int) -> str:
-        return ", ".join(f"{pair} {d[i]}" for pair, d in PAIR_DEFAULTS.items())
+    def per_pair(name: str) -> str:
+        return ", ".join(f"{p.name} {getattr(p, name)}" for p in PAIR_SETTINGS.values())
 
-    ap.add_argument("--pair", choices=("bundled", "qwen"), default=os.environ.get("PAIR") or "bundled")
+    add_pair_argument(ap)
     ap.add_argument("--scale", type=float, default=float(os.environ["DEMO_SCALE"]) if "DEMO_SCALE" in os.environ
-                    else None, help=f"multiply the load spike's duration (60 s; default: {per_pair(2)})")
-    ap.add_argument("--requests", type=int, help=f"requests of each low-load segment (default: {per_pair(0)})")
-    ap.add_argument("--max-tokens", type=int, help=f"default: {per_pair(1)}")
+                    else None, help=f"multiply the load spike's duration (60 s; default: {per_pair('demo_scale')})")
+    ap.add_argument("--requests", type=int,
+                    help=f"requests of each low-load segment (default: {per_pair('demo_requests')})")
+    ap.add_argument("--max-tokens", type=int, help=f"default: {per_pair('demo_max_tokens')}")
     ap.add_argument("--max-num-seqs", type=int, default=16, help="the worker's batch limit: the spike exceeds it")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--no-live", action="store_true", help="one line per second instead of an updating line")
     ap.add_argument("serve_args", nargs="*", help="extra arguments for `nightjar-worker serve` (after --)")
     args = ap.parse_args(argv)
-    for name, default in zip(("requests", "max_tokens", "scale"), PAIR_DEFAULTS[args.pair], strict=True):
+    pair = get_pair(args.pair)
+    for name, default in (("requests", pair.demo_requests), ("max_tokens", pair.demo_max_tokens),
+                          ("scale", pair.demo_scale)):
         if getattr(args, name) is None:
             setattr(args, name, default)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -14,8 +14,10 @@ Importable without torch or vllm.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,74 @@ TARGET_NAME = "smollm2-135m-instruct"
 DRAFT_NAME = "smollm2-135m-draft"
 QWEN_TARGET_NAME = "qwen2.5-coder-1.5b-instruct"
 QWEN_DRAFT_NAME = "qwen2.5-coder-0.5b-instruct"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One model pair and everything the commands run it with: the one definition the demo, the
+    benchmarks and ``make models`` read (``PAIR=<name>`` / ``--pair <name>``)."""
+
+    name: str
+    target: str  # folders under ``models_dir()``
+    draft: str
+    build: str  # ``python -m nightjar_worker.models.build <build>`` (``make <make_target>``) builds it
+    make_target: str
+    dtype: str  # as the benchmarks and the demo serve it (``DTYPE`` overrides)
+    # elastic memory, where the defaults do not fit: the KV pool (GiB) sized for the offloaded
+    # draft, and the CPU reload's work per engine step (seconds)
+    kv_pool_gib: int | None = None
+    reload_slice_s: float | None = None
+    # ``make demo``: requests per low-load segment, max tokens per request, spike scale
+    demo_requests: int = 6
+    demo_max_tokens: int = 128
+    demo_scale: float = 0.6
+    # ``make bench-dynamic``: the offered load (``benchmarks.dynamic_lib.TraceSpec``'s fields), output
+    # tokens per request (QUICK: 32) and the QUICK time scale
+    dynamic_trace: dict[str, float] = field(default_factory=dict)
+    dynamic_max_tokens: int = 96
+    dynamic_quick_scale: float = 0.25
+
+
+# bundled: fits a 6-minute demo from a fresh clone on 2 cores, install included.
+# qwen: runs in float32 on CPU: in bfloat16 a CPU with AVX-512 BF16 and no AMX is compute-bound from
+# 2 rows per GEMM, so verifying 4 tokens costs ~3 decode steps and no draft can pay; float32 GEMMs
+# stay memory-bound up to ~8 rows, the regime of a GPU (docs/engine.md). Its 0.5B draft takes 3.6 GB
+# as loaded in fp32, which would leave no base pool in the default 2 GiB (docs/memory.md); its reload
+# is ~5 s of weight re-packing (at the default 0.02 s a step, 250 steps of ~0.5 s at batch 1; 0.1 s is
+# ~20 % of a batch-1 step for ~50 steps). The target decodes at ~2 tok/s: fewer, shorter demo requests.
+# Dynamic traces: "low" about one request at a time, "high" above the service rate (closed loop at the
+# cap). bundled: 65 ms per decode step at batch 1, ~0.5 s at batch 40, prefill ~90 tokens/s. qwen: its
+# measured profile crosses over between batch 8 and 16 (best gamma 2 at batch 1, 1 at 2-8, 0 at 16;
+# docs/engine.md), so "high" fills 16 slots once (one wave: 16 prompts prefilled, then ~90 s of
+# decoding, so a longer phase would spill a second wave into low-again) and "low" keeps one slot busy
+# (~30 s per request at 64 tokens: ~3 back to back in 90 s). Low phases of 150 s, high 60 s and saw
+# levels of 15 s did not steady the low phases' figures (CHANGELOG.md).
+PAIR_SETTINGS = {
+    p.name: p
+    for p in (
+        Pair("bundled", TARGET_NAME, DRAFT_NAME, build="smollm2", make_target="models", dtype="bfloat16",
+             dynamic_trace={"low_rate": 0.1, "high_rate": 1.0, "low_cap": 2, "high_cap": 8}),
+        Pair("qwen", QWEN_TARGET_NAME, QWEN_DRAFT_NAME, build="qwen", make_target="models-qwen", dtype="float32",
+             kv_pool_gib=6, reload_slice_s=0.1, demo_requests=3, demo_max_tokens=64, demo_scale=0.5,
+             dynamic_trace={"low_rate": 0.2, "high_rate": 1.0, "low_cap": 1, "high_cap": 16, "low_s": 90.0,
+                            "high_s": 75.0, "saw_level_s": 20.0},
+             dynamic_max_tokens=64),
+    )
+}
+PAIRS = tuple(PAIR_SETTINGS)
+
+
+def get_pair(name: str) -> Pair:
+    """The settings of pair ``name`` (a clear error naming ``PAIR`` otherwise)."""
+    if name not in PAIR_SETTINGS:
+        raise ValueError(f"PAIR: expected one of {PAIRS}, got {name!r}")
+    return PAIR_SETTINGS[name]
+
+
+def add_pair_argument(ap: argparse.ArgumentParser) -> None:
+    """``--pair``, as every command takes it: one of ``PAIRS``, default ``$PAIR`` or bundled."""
+    ap.add_argument("--pair", choices=PAIRS, default=os.environ.get("PAIR") or "bundled",
+                    help="model pair (PAIR=...): " + ", ".join(PAIRS))
 
 
 def models_dir() -> Path:
@@ -42,47 +112,30 @@ def qwen_pair() -> tuple[Path, Path]:
     return d / QWEN_TARGET_NAME, d / QWEN_DRAFT_NAME
 
 
-PAIRS = ("bundled", "qwen")
-# The Qwen pair runs in float32 on CPU: in bfloat16 a CPU with AVX-512 BF16 and no AMX is
-# compute-bound from 2 rows per GEMM, so verifying 4 tokens costs ~3 decode steps and no draft can
-# pay; float32 GEMMs stay memory-bound up to ~8 rows, the regime of a GPU (docs/engine.md).
-PAIR_DTYPES = {"bundled": "bfloat16", "qwen": "float32"}
-
-
-# Elastic memory per pair, where the defaults do not fit: a KV pool sized for the offloaded draft
-# (the default 2 GiB plus the draft's bytes; the Qwen 0.5B draft takes 3.6 GB as loaded in fp32,
-# which would leave no base pool: docs/memory.md), and the CPU reload's work per engine step (the
-# Qwen draft is ~5 s of weight re-packing: at the default 0.02 s a step, 250 steps of ~0.5 s at
-# batch 1; 0.1 s is ~20 % of a batch-1 step for ~50 steps).
-PAIR_KV_POOL_GIB = {"qwen": 6}
-PAIR_RELOAD_SLICE_S = {"qwen": 0.1}
-
-
 def elastic_memory_env(pair: str, memory: dict[str, Any]) -> dict[str, str]:
     """The worker's environment for elastic memory ``memory`` (``NIGHTJAR_MEMORY``'s fields) on
     ``pair``: its reload slice unless given, and its KV pool where the default does not fit."""
-    cfg = {**({"reload_slice_s": PAIR_RELOAD_SLICE_S[pair]} if pair in PAIR_RELOAD_SLICE_S else {}), **memory}
+    p = get_pair(pair)
+    cfg = {**({"reload_slice_s": p.reload_slice_s} if p.reload_slice_s is not None else {}), **memory}
     env = {"NIGHTJAR_MEMORY": json.dumps(cfg)}
-    if pair in PAIR_KV_POOL_GIB:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(PAIR_KV_POOL_GIB[pair])
+    if p.kv_pool_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(p.kv_pool_gib)
     return env
 
 
 def pair_dirs(pair: str) -> tuple[Path, Path]:
     """(target, draft) directories of ``bundled`` (make models) or ``qwen`` (make models-qwen)."""
-    if pair not in PAIRS:
-        raise ValueError(f"PAIR: expected one of {PAIRS}, got {pair!r}")
-    t, d = bundled_pair() if pair == "bundled" else qwen_pair()
-    for p, what in ((t, "target"), (d, "draft")):
-        if not (p / "config.json").is_file():
-            hint = "make models" if pair == "bundled" else "make models-qwen"
-            raise SystemExit(f"PAIR={pair}: {what} {p} missing (run `{hint}`)")
+    p = get_pair(pair)
+    t, d = bundled_pair() if pair == "bundled" else (models_dir() / p.target, models_dir() / p.draft)
+    for path, what in ((t, "target"), (d, "draft")):
+        if not (path / "config.json").is_file():
+            raise SystemExit(f"PAIR={pair}: {what} {path} missing (run `make {p.make_target}`)")
     return t, d
 
 
 def pair_dtype(pair: str) -> str:
     """The pair's dtype as the benchmarks and the demo run it (``DTYPE`` overrides)."""
-    return os.environ.get("DTYPE") or PAIR_DTYPES[pair]
+    return os.environ.get("DTYPE") or get_pair(pair).dtype
 
 
 def pair_args(pair: str) -> list[str]:

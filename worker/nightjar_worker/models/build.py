@@ -24,6 +24,7 @@ from pathlib import Path
 
 from nightjar_worker.models import (
     DRAFT_NAME,
+    PAIR_SETTINGS,
     QWEN_DRAFT_NAME,
     QWEN_TARGET_NAME,
     TARGET_NAME,
@@ -237,7 +238,7 @@ def build_qwen(force: bool = False) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m nightjar_worker.models.build")
-    p.add_argument("pair", choices=("smollm2", "qwen"))
+    p.add_argument("pair", choices=[x.build for x in PAIR_SETTINGS.values()])
     p.add_argument("--force", action="store_true", help="rebuild even if present")
     a = p.parse_args(argv)
     (build_smollm2 if a.pair == "smollm2" else build_qwen)(a.force)

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from nightjar_contract.planner import DEFAULT_MAX_GAMMA
 from pydantic import ValidationError
 
 from nightjar_worker.planner import PlannerConfig, build_policy
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="cost profile JSON")
     ap.add_argument("--policy", default="nightjar", help="nightjar|nosd|static|table|dsd|ucb|oracle")
     ap.add_argument("--static-gamma", type=int, default=None)
-    ap.add_argument("--max-gamma", type=int, default=4)
+    ap.add_argument("--max-gamma", type=int, default=DEFAULT_MAX_GAMMA)
     ap.add_argument("--rate", type=float, default=10.0, help="requests per second (Poisson)")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     ap.add_argument("--dynamic", action="store_true", help="low -> --rate -> low trace (phases of --duration)")
