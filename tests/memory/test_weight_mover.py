@@ -171,7 +171,9 @@ def test_repack_in_row_blocks_gives_the_same_linear(remove_weight):
     n = sum(1 for _ in cpu_packed.repack_steps(layer, w.clone() if remove_weight else None, max_chunk_bytes=256 * 2 * 1000))
     if cpu_packed._onednn_path(w):
         assert n == 3  # 1000 rows per block
-    assert (layer.weight.numel() == 0) == remove_weight
+    # the weight is gone exactly where vLLM's own dispatch drops it (its torch-linear fallback, on a
+    # CPU where oneDNN cannot pack bfloat16, keeps it)
+    assert (layer.weight.numel() == 0) == (ref_layer.weight.numel() == 0)
     out = layer.cpu_linear(x, layer.weight, bias)
     assert out.shape == ref.shape
     torch.testing.assert_close(out, ref, rtol=0, atol=0)

@@ -15,6 +15,7 @@ Installed from the ``vllm.general_plugins`` entry point in every vLLM process; i
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -160,7 +161,8 @@ def repack_steps(layer: torch.nn.Module, weight: torch.Tensor | None, max_chunk_
 
 
 def _onednn_path(w: torch.Tensor) -> bool:
-    """True where vLLM 0.32's dispatch would pack ``w`` with oneDNN (not zentorch, not sgl-kernel)."""
+    """True where vLLM 0.32's dispatch would pack ``w`` with oneDNN (not zentorch, not sgl-kernel, and
+    not its fallback to ``torch.nn.functional.linear`` when oneDNN cannot pack the dtype on this CPU)."""
     import vllm.model_executor.layers.utils as lu
     from vllm import _custom_ops as ops
     from vllm.platforms import CpuArchEnum, current_platform
@@ -169,7 +171,22 @@ def _onednn_path(w: torch.Tensor) -> bool:
         return False
     if lu.check_cpu_sgl_kernel(w.shape[0], w.shape[1], w.dtype):
         return False
-    return bool(ops._supports_onednn) and current_platform.get_cpu_architecture() != CpuArchEnum.POWERPC
+    if not ops._supports_onednn or current_platform.get_cpu_architecture() == CpuArchEnum.POWERPC:
+        return False
+    return _onednn_packs(w.dtype)
+
+
+@functools.cache
+def _onednn_packs(dtype: torch.dtype) -> bool:
+    """oneDNN packs ``dtype`` on this CPU (bfloat16 needs AVX512-BF16 or AMX on x86: without them
+    vLLM's dispatch catches the RuntimeError and falls back to torch's linear)."""
+    from vllm import _custom_ops as ops
+
+    try:
+        ops.create_onednn_mm(torch.zeros(64, 64, dtype=dtype).t(), 32)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _offloaded_linear(*_: Any, **__: Any) -> torch.Tensor:
