@@ -18,9 +18,9 @@ import os
 import time
 from pathlib import Path
 
-from benchmarks.common import is_quick
+from benchmarks.common import RESULTS_ROOT, is_quick
 
-OUT = Path(__file__).resolve().parent / "results" / "cpu-gemm"
+OUT = RESULTS_ROOT / "cpu-gemm"
 # Qwen2.5-Coder-1.5B: fused gate/up, down, fused qkv, o; (N, K) of the weight
 SHAPES = [(2 * 8960, 1536), (1536, 8960), (1536 + 2 * 256, 1536), (1536, 1536)]
 ROWS = [1, 2, 4, 8, 16]

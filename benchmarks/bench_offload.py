@@ -28,9 +28,9 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import is_quick
+from benchmarks.common import RESULTS_ROOT, is_quick
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = RESULTS_ROOT
 BLOCK = 32
 
 

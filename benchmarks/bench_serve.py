@@ -54,7 +54,7 @@ from nightjar_worker import loadgen
 from nightjar_worker.models import add_pair_argument
 from nightjar_worker.serve import ServerProcess
 
-from benchmarks.common import is_quick
+from benchmarks.common import RESULTS_ROOT, is_quick
 from benchmarks.serving import (
     ADMIN_TOKEN,
     lossless_verdict,
@@ -65,7 +65,7 @@ from benchmarks.serving import (
     warm_priors,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results" / "serve"
+RESULTS = RESULTS_ROOT / "serve"
 
 set_cpu_env()
 
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", nargs="*",
                     default=["nosd", "static-1", "static-2", "static-3", "static-4", "vllm-table", "nightjar"])
     ap.add_argument("--lossless-prompts", type=int, default=3 if quick else 12)
-    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/serve[-<pair>]")
+    ap.add_argument("--out", type=Path, default=None, help="default build/results/serve[-<pair>]")
     add_pair_argument(ap)
     ap.add_argument("--nosd-switched", action="store_true", default=quick,
                     help="switch mode: run no-SD on the same server too (planner policy 'nosd': no draft forward)")

@@ -43,10 +43,10 @@ from nightjar_worker.sim.profile import CostProfile
 from nightjar_worker.sim.simulator import Simulator
 from nightjar_worker.sim.workload import Workload, dynamic_trace, make_requests
 
-from benchmarks.common import is_quick
+from benchmarks.common import RESULTS_ROOT, is_quick
 
 ROOT = Path(__file__).resolve().parent
-RESULTS = ROOT / "results"
+RESULTS = RESULTS_ROOT
 DEFAULT_PROFILE = ROOT / "profiles" / "roofline-h100-7b.json"
 
 

@@ -1,5 +1,9 @@
 """Helpers shared by the benchmarks: quick mode, result folders, markdown tables, PNG plots, and
-the final ``RESULT key=value ...`` line (always the last line a benchmark prints)."""
+the final ``RESULT key=value ...`` line (always the last line a benchmark prints).
+
+Every benchmark writes under ``build/results/<name>/`` (ignored by git: step logs, raw runs); what
+the tree keeps, each benchmark's summary table and figure, is copied to ``benchmarks/results/`` by
+``make publish-results NAME=<name>`` (``benchmarks/publish.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-RESULTS_ROOT = Path(__file__).resolve().parent / "results"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_ROOT = REPO_ROOT / "build" / "results"  # where the benchmarks write
+PUBLISHED_ROOT = REPO_ROOT / "benchmarks" / "results"  # what the tree keeps (benchmarks/publish.py)
 
 
 def is_quick() -> bool:
@@ -19,7 +25,7 @@ def is_quick() -> bool:
 
 
 def results_dir(name: str) -> Path:
-    """``benchmarks/results/<name>/``, created if needed."""
+    """``build/results/<name>/``, created if needed."""
     d = RESULTS_ROOT / name
     d.mkdir(parents=True, exist_ok=True)
     return d

@@ -16,7 +16,7 @@ def test_readme_results_block_is_current():
 def test_generated_block_follows_the_results(tmp_path):
     (tmp_path / "serve-x").mkdir()
     row = {"output_tok_s": 2.0, "tpot_p50_s": 0.35}
-    (tmp_path / "serve-x" / "results.json").write_text(json.dumps({
+    (tmp_path / "serve-x" / "summary.json").write_text(json.dumps({
         "meta": {"pair": "qwen", "dtype": "float32", "quick": True, "concurrencies": [1], "max_tokens": 32,
                  "warmup": True, "lossless": {"nightjar": "2/3"}},
         "ratios": {"adaptive_vs_nosd_c1": 1.25},
@@ -42,10 +42,10 @@ def _dynamic(quick: bool, tok_s: float) -> str:
 def test_every_dynamic_pair_has_a_section_full_run_first(tmp_path):
     """bench-dynamic writes a full run to results/dynamic[-pair]/ and QUICK to .../quick/."""
     (tmp_path / "dynamic" / "quick").mkdir(parents=True)
-    (tmp_path / "dynamic" / "quick" / "results.json").write_text(_dynamic(True, 1.0))
+    (tmp_path / "dynamic" / "quick" / "summary.json").write_text(_dynamic(True, 1.0))
     (tmp_path / "dynamic-qwen" / "quick").mkdir(parents=True)
-    (tmp_path / "dynamic-qwen" / "quick" / "results.json").write_text(_dynamic(True, 2.0))
-    (tmp_path / "dynamic-qwen" / "results.json").write_text(_dynamic(False, 3.0))
+    (tmp_path / "dynamic-qwen" / "quick" / "summary.json").write_text(_dynamic(True, 2.0))
+    (tmp_path / "dynamic-qwen" / "summary.json").write_text(_dynamic(False, 3.0))
     block = readme_results.generate(tmp_path)
     assert "`benchmarks/results/dynamic/quick/`" in block
     assert "`benchmarks/results/dynamic-qwen/`" in block and "dynamic-qwen/quick" not in block

@@ -43,6 +43,17 @@ def test_promtool_unit_tests_of_alerts():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+def test_every_alert_fires_in_a_unit_test():
+    """Each shipped alert's expression is shown to fire (a non-empty exp_alerts in rules_test.yaml),
+    so the e2e's "no alert pending or firing" after a healthy run is not silence by typo."""
+    import yaml
+
+    tests = yaml.safe_load((ROOT / "tests/observability/rules_test.yaml").read_text())["tests"]
+    fired = {a["alertname"] for t in tests for a in t.get("alert_rule_test", []) if a.get("exp_alerts")}
+    alerts = {r["alert"] for r in rules() if "alert" in r}
+    assert alerts <= fired, f"never shown to fire: {sorted(alerts - fired)}"
+
+
 def test_required_alerts_present():
     alerts = {r["alert"] for r in rules() if "alert" in r}
     for needed in ("NightjarSLOBurnFast", "NightjarSLOBurnSlow", "NightjarConfigReloadFailing", "NightjarPlannerStuck",

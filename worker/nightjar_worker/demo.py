@@ -16,7 +16,8 @@ and prompt-lookup (n-gram) arms, with elastic draft memory on, and runs four seg
 
 Once a second it reads ``/metrics``: the gamma chosen per draft source, the running requests, output
 tok/s, the draft's memory state and the KV blocks the target may use. Ends with a table per segment
-(tok/s against the gamma-0 reference) and a PNG under ``benchmarks/results/demo/``. About 3.5 minutes
+(tok/s against the gamma-0 reference) and a PNG under ``build/results/demo/`` (``make publish-results
+NAME=demo`` keeps them in the tree). About 3.5 minutes
 on 2 cores with the bundled pair once installed (``--pair qwen``: the Qwen2.5-Coder pair, whose draft
 pays: fewer, shorter requests, about 12 minutes).
 """
@@ -40,7 +41,7 @@ from nightjar_worker import loadgen
 from nightjar_worker.loadgen import Phase
 from nightjar_worker.models import PAIR_SETTINGS, add_pair_argument, get_pair
 
-DEFAULT_OUT = Path("benchmarks/results/demo")
+DEFAULT_OUT = Path("build/results/demo")  # relative to the checkout make runs in; ignored by git
 K = DEFAULT_MAX_GAMMA
 REPEATING = ("summarization", "extraction", "coding")  # answers that quote their prompt
 STATES = ("resident", "offloading", "offloaded", "reloading", "draining")  # nightjar_draft_state values
@@ -267,7 +268,19 @@ def plot(ticks: list[Tick], segs: list[Segment], path: Path, title: str) -> None
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def write_results(out: Path, segs: list[Segment], ticks: list[Tick], pair: str) -> str:
+    """The demo's outputs in ``out``: summary.md, timeline.json and demo.png; returns the table."""
+    out.mkdir(parents=True, exist_ok=True)
+    table = summary_table(segs, ticks)
+    (out / "summary.md").write_text(table)
+    (out / "timeline.json").write_text(json.dumps([asdict(t) for t in ticks]))
+    plot(ticks, segs, out / "demo.png", f"Nightjar demo ({pair} pair, K={K}, draft + n-gram arms, "
+         "elastic draft memory)")
+    return table
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``make demo``'s arguments, the pair's defaults filled in."""
     ap = argparse.ArgumentParser(prog="nightjar-worker demo", description=__doc__.split("\n")[0])
 
     def per_pair(name: str) -> str:
@@ -289,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
                           ("scale", pair.demo_scale)):
         if getattr(args, name) is None:
             setattr(args, name, default)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     live = sys.stdout.isatty() and not args.no_live
     segs = segments(args.scale, args.requests)
@@ -309,12 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{s.name} ({s.phase.duration_s:.0f} s at {s.phase.rate}/s)" for s in segs), flush=True)
         ticks = asyncio.run(drive(server.url, model, token, segs, args.max_tokens, live))
 
-    table = summary_table(segs, ticks)
+    table = write_results(args.out, segs, ticks, args.pair)
     print("\n" + table)
-    (args.out / "summary.md").write_text(table)
-    (args.out / "timeline.json").write_text(json.dumps([asdict(t) for t in ticks]))
-    plot(ticks, segs, args.out / "demo.png", f"Nightjar demo ({args.pair} pair, K={K}, draft + n-gram arms, "
-         "elastic draft memory)")
     records = [r for s in segs for r in s.records]
     errors = [r.error for r in records if r.error and not r.dropped]
     print(f"wrote {args.out}/summary.md, timeline.json, demo.png; {len(records)} requests "
