@@ -72,10 +72,7 @@ def publish(name: str, src_root: Path = RESULTS_ROOT, dst_root: Path = PUBLISHED
             continue
         elif f.suffix == ".png":
             shrink_png(f, dst / f.name)
-        elif f.name == "results.json":
-            d = json.loads(f.read_text())
-            if "meta" not in d:  # not a run the generated tables read (ngram, soak: their tables say it)
-                continue
+        elif f.name == "results.json" and "meta" in (d := json.loads(f.read_text())):
             (dst / "summary.json").write_text(json.dumps(summary(d), separators=(",", ":")) + "\n")
             wrote.append(dst / "summary.json")
             continue
