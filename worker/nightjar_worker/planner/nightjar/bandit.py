@@ -373,9 +373,8 @@ class NightjarPolicy:
                 m = self.estimator.own_mean(c, i)
                 if m is not None and m > 0:
                     entries.append(PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=m, count=self.estimator.own_count(c, i)))
-        own = self.prefill.learnt_draft_slope()
         return PlannerPriors(bucket_edges=list(self._edges), entries=entries,
-                             draft_prefill_s_per_token=self.prefill.prior_dps if own is None else own)
+                             draft_prefill_s_per_token=self.prefill.exported_draft_slope())
 
 
 def _known(values: list[float | None], arms: list[int]) -> dict[int, float]:

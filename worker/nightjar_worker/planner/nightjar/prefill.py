@@ -47,14 +47,14 @@ class SlopeFit:
 
 
 class PrefillCost:
-    __slots__ = ("off", "on", "prompt_sum", "generated_sum", "prior_dps", "amortise", "_catchup_rate")
+    __slots__ = ("off", "on", "prompt_sum", "generated_sum", "prior_draft_slope", "amortise", "_catchup_rate")
 
     def __init__(self, amortise: bool, catchup_rate: Callable[[], float | None]) -> None:
         """``catchup_rate``: seconds per missed token of the draft's catch-up, or None while unknown."""
         self.off, self.on = SlopeFit(), SlopeFit()  # per draft state
         self.prompt_sum = 0.0  # decaying sums of prompt tokens and generated tokens, all steps
         self.generated_sum = 0.0
-        self.prior_dps: float | None = None  # the priors' draft prefill seconds per prompt token
+        self.prior_draft_slope: float | None = None  # the priors' draft prefill seconds per prompt token
         self.amortise = amortise
         self._catchup_rate = catchup_rate
 
@@ -64,7 +64,7 @@ class PrefillCost:
 
     def set_prior_slope(self, draft_s_per_token: float | None) -> None:
         """The priors' draft prefill seconds per prompt token (per pair and device)."""
-        self.prior_dps = draft_s_per_token
+        self.prior_draft_slope = draft_s_per_token
 
     def observe_workload(self, prompt_tokens: int, generated_tokens: int) -> None:
         self.prompt_sum = self.prompt_sum * _RHO_DECAY + prompt_tokens
@@ -116,6 +116,12 @@ class PrefillCost:
         if min(off.samples, on.samples) < _MIN_REGRESSION or min(off.prompted, on.prompted) < _MIN_PREFILL_STEPS:
             return None
         return max(0.0, on.beta - off.beta)
+    def exported_draft_slope(self) -> float | None:
+        """What a snapshot says of the draft's prefill: the worker's own slope once learnt, else the
+        priors' (None: neither)."""
+        own = self.learnt_draft_slope()
+        return self.prior_draft_slope if own is None else own
+
     def draft_slope(self) -> float | None:
         """The running draft's extra seconds per prompt token (None unless amortising): the
         worker's own once learnt; until then the priors' (per pair and device), else the catch-up
@@ -126,8 +132,8 @@ class PrefillCost:
         own = self.learnt_draft_slope()
         if own is not None:
             return own
-        if self.prior_dps is not None:
-            return self.prior_dps
+        if self.prior_draft_slope is not None:
+            return self.prior_draft_slope
         return self._catchup_rate()
 
     def per_generated_token(self) -> float:
