@@ -49,7 +49,7 @@ Beyond the paper (each switchable for the ablation; ``paper_mode=True`` turns al
     each worker's own workload;
   * ``step_prefill_price``: the mean price chooses a bucket's arm; the step at which to turn the
     draft off is chosen at the step's own prompt tokens (``decide``'s ``prompt_tokens``), which
-    staying on would have the draft prefill now (``_priced_at_step``): when the held arm would turn
+    staying on would have the draft prefill now (``Estimator.priced_at_step``): when the held arm would turn
     it off, and when a held gamma > 0 arm ties with gamma 0 (``_tie_at_prompt_step``);
   * acceptance gate (``min_acceptance``): acceptance is a property of the draft and the content, not
     of the batch size, so it is pooled over all buckets; once its upper confidence bound is below

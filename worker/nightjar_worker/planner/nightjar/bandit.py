@@ -285,7 +285,7 @@ class NightjarPolicy:
         means, counts = self.estimator.estimates(c)
         on_now = self._drafting_now()
         if self._step_price and on_now:
-            means = self._priced_at_step(c, means, prompt_tokens)
+            means = self.estimator.priced_at_step(c, means, prompt_tokens)
         same = _known(means, [i for i in self._candidates(c) if self.armset.drafting[i] == on_now])
         if not same:
             return a
@@ -304,7 +304,7 @@ class NightjarPolicy:
     def _tie_at_prompt_step(self, c: int, a: int, prompt_tokens: int) -> int:
         """The draft is on, the bin exploits a gamma > 0 arm, and this step brings prompts: if gamma 0
         is within the hysteresis margin of that arm (the bandit cannot tell them apart), the step's
-        own price decides, as for a turn-off (``_priced_at_step``). Beyond a tie the bucket's
+        own price decides, as for a turn-off (``Estimator.priced_at_step``). Beyond a tie the bucket's
         preference stands: turning off there would be undone at the next step, with a catch-up of
         the same prompts plus a fill step."""
         i0 = self.armset.of("draft", 0)
@@ -314,30 +314,12 @@ class NightjarPolicy:
         m0, ma = means[i0], means[a]
         if m0 is None or ma is None or m0 > ma * (1.0 + self._hyst) or i0 not in self._candidates(c):
             return a
-        step = self._priced_at_step(c, means, prompt_tokens)
+        step = self.estimator.priced_at_step(c, means, prompt_tokens)
         s0, s_a = step[i0], step[a]  # known: their means are
         if s0 is not None and s_a is not None and s0 + self.flips.penalty(c, i0, True) < s_a:
             self.schedules[c].replace_arm(i0)  # for the rest of this bin
             return i0
         return a
-
-    def _priced_at_step(self, c: int, means: list[float | None], prompt_tokens: int) -> list[float | None]:
-        """``means`` with the gamma > 0 arms' draft prefill priced at this step's own prompt tokens
-        instead of the workload's mean, where the step may turn the draft off: staying on commits
-        the draft to prefilling this step's prompts now, while turning off defers them to a
-        catch-up (priced in the turn-off's switching cost) that never comes for requests finishing
-        before the draft resumes. Turning on is left at the mean price: deferring a resume by a
-        step only moves this step's prompts into its catch-up."""
-        slope = self.prefill.draft_slope()
-        if not slope:
-            return means
-        est = self.estimator
-        mean_charge = est.draft_prefill_charge(c)
-        return [
-            m - mean_charge + est.in_bucket_units(c, slope * prompt_tokens / est.tokens_per_step(c, i))
-            if m is not None and self.armset.drafting[i] else m
-            for i, m in enumerate(means)
-        ]
 
     # -- PlannerView ---------------------------------------------------------------------------------
     def speculation_gain_s(self, batch_size: int) -> float | None:

@@ -204,6 +204,23 @@ class Estimator:
         """The running draft's prefill per generated token, in bucket c's loss units."""
         return self.in_bucket_units(c, self.prefill.per_generated_token())
 
+    def priced_at_step(self, c: int, means: list[float | None], prompt_tokens: int) -> list[float | None]:
+        """``means`` with the gamma > 0 arms' draft prefill priced at this step's own prompt tokens
+        instead of the workload's mean, where the step may turn the draft off: staying on commits
+        the draft to prefilling this step's prompts now, while turning off defers them to a
+        catch-up (priced in the turn-off's switching cost) that never comes for requests finishing
+        before the draft resumes. Turning on is left at the mean price: deferring a resume by a
+        step only moves this step's prompts into its catch-up."""
+        slope = self.prefill.draft_slope()
+        if not slope:
+            return means
+        mean_charge = self.draft_prefill_charge(c)
+        return [
+            m - mean_charge + self.in_bucket_units(c, slope * prompt_tokens / self.tokens_per_step(c, i))
+            if m is not None and self.arms.drafting[i] else m
+            for i, m in enumerate(means)
+        ]
+
     def step_seconds(self, c: int, batch: int, per_token: float) -> float:
         """A per-token loss difference in bucket c's units as seconds per gamma-0 step at ``batch``
         (a gamma-0 step emits one token per request)."""
