@@ -362,7 +362,7 @@ def test_invalid_resources_are_rejected_or_reported(installed, timings):
         # A semantic error is refused at apply time by the operator's admission webhook (reached
         # through its Service), naming the field.
         p = installed.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(scheme), check=False)
-        assert p.returncode != 0 and 'admission webhook "validate.nightjar.dev" denied' in p.stderr, p.stderr
+        assert p.returncode != 0 and 'The NightjarDeployment "bad-scheme" is invalid' in p.stderr, p.stderr
         assert "spec.target.source.uri: scheme s3:// is not supported" in p.stderr, p.stderr
 
         def degraded(name: str) -> str | None:

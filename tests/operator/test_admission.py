@@ -44,6 +44,7 @@ def test_an_invalid_spec_is_refused_with_the_same_errors_as_the_reconcile(raw_sp
     assert st["code"] == 422 and st["reason"] == "Invalid"
     assert st["message"].startswith("NightjarDeployment 'pool' is invalid: ") and field + ": " in st["message"]
     assert field in [c["field"] for c in st["details"]["causes"]]
+    assert (st["details"]["kind"], st["details"]["name"]) == ("NightjarDeployment", "pool")
 
 
 def test_policy_widening_reaches_the_webhook(raw_spec):

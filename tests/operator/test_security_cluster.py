@@ -140,10 +140,17 @@ def test_webhook_refuses_invalid_specs_at_apply_time(cl: Cluster, admission, mon
     assert vwc["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]  # set by the operator
 
     def refused(obj: dict[str, Any], field: str) -> None:
+        """kubectl shows the webhook's refusal as it shows the apiserver's own validation errors."""
+        before = sample("nightjar_operator_admission_reviews_total", operation=op(obj), decision="invalid")
         proc = cl.apply(obj, check=False)
         assert proc.returncode != 0, proc.stdout
-        assert f'admission webhook "{WEBHOOK_NAME}" denied the request' in proc.stderr, proc.stderr
-        assert field + ":" in proc.stderr, proc.stderr
+        assert f'The NightjarDeployment "{obj["metadata"]["name"]}" is invalid: ' in proc.stderr, proc.stderr
+        assert field + ": " in proc.stderr, proc.stderr
+        # (an UPDATE may be reviewed twice: the apiserver retries a failed update against fresh state)
+        assert sample("nightjar_operator_admission_reviews_total", operation=op(obj), decision="invalid") > before
+
+    def op(obj: dict[str, Any]) -> str:
+        return "UPDATE" if cl.njd(obj["metadata"]["name"]) is not None else "CREATE"
 
     same_files = {"name": "draft-1", "source": {"imagePath": "/models/target-1"}}
     refused(cr("bad", draft=same_files), "spec.draft.source")

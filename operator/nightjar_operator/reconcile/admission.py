@@ -54,7 +54,10 @@ def response(request: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
             "code": 422,
             "reason": "Invalid",
             "message": f"{c.KIND} {name!r} is invalid: " + "; ".join(str(e) for e in decision.errors),
-            "details": {"causes": [{"type": "FieldValueInvalid", "field": e.field, "message": e.message}
+            # As the apiserver's own validation errors: kubectl then prints
+            # `The NightjarDeployment "x" is invalid: <field>: <message>` (one line per field).
+            "details": {"name": name, "group": c.GROUP, "kind": c.KIND,
+                        "causes": [{"type": "FieldValueInvalid", "field": e.field, "message": e.message}
                                    for e in decision.errors]},
         }
     return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": body}
