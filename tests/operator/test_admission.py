@@ -69,7 +69,7 @@ def test_writes_that_do_not_change_the_spec_are_never_blocked(raw_spec):
 
 
 def test_shared_certificate_covers_the_service_and_renews_under_the_same_ca():
-    hosts = ("nightjar-operator-webhook.nightjar-system.svc", "127.0.0.1")
+    hosts = ("a-release-name-that-is-long-operator-webhook.a-long-namespace-name.svc.cluster.local", "127.0.0.1")
     ca_key, ca = webhook.new_ca(NOW)
     key, cert = webhook.new_serving_cert(ca_key, ca, hosts, NOW)
     assert webhook.usable(cert, ca, hosts, NOW)

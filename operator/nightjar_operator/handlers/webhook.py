@@ -125,7 +125,8 @@ def new_serving_cert(ca_key_pem: bytes, ca_pem: bytes, hosts: tuple[str, ...], n
     ca_key = serialization.load_pem_private_key(ca_key_pem, None)
     ca = x509.load_pem_x509_certificate(ca_pem)
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(_name(hosts[0])).issuer_name(ca.subject)
+    # The names are in the SANs (what TLS clients check); a CN is at most 64 characters.
+    cert = (x509.CertificateBuilder().subject_name(_name("nightjar-operator-webhook")).issuer_name(ca.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=CERT_DAYS))
             .add_extension(_sans(hosts), critical=False)
