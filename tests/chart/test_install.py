@@ -120,6 +120,10 @@ def test_install_reconcile_under_chart_sa_uninstall(helm, k8s, namespace, tmp_pa
     assert "STATUS: deployed" in out
     assert f"It watches NightjarDeployments in: {namespace}." in out  # NOTES.txt rendered
     assert "monitoring.coreos.com/v1 is not served here" in out
+    # NOTES commands that run as written: no `port-forward ... && curl` (port-forward never exits).
+    notes = out.split("NOTES:", 1)[1]
+    assert "port-forward" in notes and not any("port-forward" in ln and "&&" in ln for ln in notes.splitlines())
+    assert "manifests/samples/cpu-demo.yaml" in notes and "njd/cpu-demo" in notes and "pre-delete hook" in notes
     try:
         dep = _json(k8s, "get", "deployment", f"{release}-operator", "-n", namespace)
         assert dep["status"].get("readyReplicas") == 2  # an operating replica and a standby
