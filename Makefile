@@ -30,9 +30,9 @@ $(STAMP): pyproject.toml
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton || true
 	touch $@
 
-lint: install ## ruff, and mypy (strict) on the contract, the planner, the engine and the operator's reconcile code
+lint: install ## ruff, and mypy (strict) on the contract, the planner, the engine, the memory manager and the operator's reconcile code
 	$(VENV)/bin/ruff check worker operator contract tests benchmarks
-	$(VENV)/bin/mypy -p nightjar_contract -p nightjar_worker.planner -p nightjar_worker.engine -p nightjar_operator.reconcile
+	$(VENV)/bin/mypy -p nightjar_contract -p nightjar_worker.planner -p nightjar_worker.engine -p nightjar_worker.memory -p nightjar_operator.reconcile
 
 # Each area adds what its tests need (models, apiserver binaries, ...) to TEST_DEPS in mk/*.mk.
 TEST_DEPS :=

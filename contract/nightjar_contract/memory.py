@@ -6,7 +6,7 @@ offload policy's thresholds (``nightjar_worker.memory.offload_policy``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -59,11 +59,16 @@ class BackoffConfig(BaseModel):
     max_s: float = Field(60.0, gt=0.0)
 
 
+# How the draft's residency is decided: by the offload policy, or pinned (ops, tests, benchmarks).
+MemoryMode = Literal["auto", "resident", "offloaded"]
+MEMORY_MODES: tuple[MemoryMode, ...] = get_args(MemoryMode)
+
+
 class ElasticMemoryConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = False
-    mode: Literal["auto", "resident", "offloaded"] = Field(
+    mode: MemoryMode = Field(
         "auto", description="auto: the offload policy decides; resident/offloaded: pinned (ops, tests, benchmarks)"
     )
     control_file: str | None = Field(

@@ -47,7 +47,7 @@ class PackedInfo:
         n = 1
         for s in self.shape:
             n *= s
-        return n * torch.empty(0, dtype=self.dtype).element_size()
+        return n * int(torch.empty(0, dtype=self.dtype).element_size())
 
     def load(self) -> torch.Tensor:
         assert self.path is not None
@@ -110,7 +110,7 @@ def install() -> bool:
                 layer._nightjar_packed = _stash.put(w)
             else:
                 layer._nightjar_packed = PackedInfo(False)
-        return orig_dispatch(layer, remove_weight)
+        orig_dispatch(layer, remove_weight)
 
     def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         _tls.loading_draft = _enabled()

@@ -52,7 +52,7 @@ def _driver() -> Any:
         from cuda.bindings import driver
     except ImportError:  # cuda-python < 12.6 names it cuda.cuda
         try:
-            from cuda import cuda as driver  # type: ignore[no-redef]
+            from cuda import cuda as driver
         except ImportError as e:
             raise RuntimeError("CUDA virtual memory needs the cuda-bindings package (pip install cuda-bindings)") from e
     return driver
@@ -61,7 +61,8 @@ def _driver() -> Any:
 def _check(res: Any) -> Any:
     """cuda-bindings calls return (CUresult, value...): raise on an error, return the value(s)."""
     err, *vals = res if isinstance(res, tuple) else (res,)
-    if int(getattr(err, "value", err)) != 0:
+    code: Any = getattr(err, "value", err)
+    if int(code) != 0:
         raise RuntimeError(f"CUDA driver error {err!r}")
     return vals[0] if len(vals) == 1 else (tuple(vals) or None)
 

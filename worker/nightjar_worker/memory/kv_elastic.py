@@ -174,10 +174,10 @@ class ElasticBlockPool:
 
     def used_blocks(self) -> int:
         """Blocks owned by requests (null block and held-out ids excluded)."""
-        return self.total - 1 - self.pool.get_num_free_blocks() - len(self.held)
+        return int(self.total - 1 - self.pool.get_num_free_blocks() - len(self.held))
 
     def allowed_blocks(self) -> int:
-        return self.limit - 1  # the null block is never handed out
+        return int(self.limit - 1)  # the null block is never handed out
 
 
 def requests_holding(kv_cache_manager: Any, requests: Sequence[Any], ids: set[int]) -> list[Any]:

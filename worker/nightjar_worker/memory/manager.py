@@ -23,9 +23,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
-from nightjar_contract.memory import ElasticMemoryConfig
+from nightjar_contract.memory import MEMORY_MODES, ElasticMemoryConfig
 
 from . import worker_agent as wa
 from .availability import UNAVAILABLE_MESSAGES, availability
@@ -65,14 +66,15 @@ def find_engine_rpc(max_depth: int = 12) -> Rpc | None:
     vLLM's EngineCore builds its executor before the scheduler and hands the scheduler no handle to
     it; the EngineCore is the ``self`` of a frame up the stack of ``Scheduler.__init__``.
     """
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     for _ in range(max_depth):
         if f is None:
             break
         obj = f.f_locals.get("self")
         ex = getattr(obj, "model_executor", None)
         if ex is not None and hasattr(ex, "collective_rpc"):
-            return ex.collective_rpc
+            rpc: Rpc = ex.collective_rpc
+            return rpc
         f = f.f_back
     return None
 
@@ -200,7 +202,7 @@ class ElasticMemoryManager:
                 if mt != self._control_mtime:
                     self._control_mtime = mt
                     val = open(path).read().strip() or "auto"  # noqa: SIM115
-                    if val not in ("auto", "resident", "offloaded"):
+                    if val not in MEMORY_MODES:
                         log.error("nightjar memory: control file %s: mode %r is not auto|resident|offloaded", path, val)
                     elif val != self._mode:
                         log.info("nightjar memory: mode %s -> %s (control file)", self._mode, val)
@@ -210,7 +212,7 @@ class ElasticMemoryManager:
         return self._mode
 
     def set_mode(self, mode: str) -> None:
-        if mode not in ("auto", "resident", "offloaded"):
+        if mode not in MEMORY_MODES:
             raise ValueError(f"mode: expected auto|resident|offloaded, got {mode!r}")
         self._mode = mode
 

@@ -33,8 +33,9 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -58,7 +59,7 @@ class MoveTask:
     busy_s: float = 0.0  # time spent working (stepped: the sum of the slices)
     slices: int = 0
     _thread: threading.Thread | None = None
-    _steps: Iterator[None] | None = None  # stepped mode: the remaining work, advanced by the caller
+    _steps: Generator[None, None, None] | None = None  # stepped mode: the remaining work, advanced by the caller
     _finish: Callable[[], None] | None = None
 
     def advance(self, budget_s: float) -> bool:
@@ -205,7 +206,7 @@ class DraftWeightMover:
         # CPU: linear layers whose weights vLLM packed into opaque handles (see cpu_packed.py).
         self.packed = [(n, m) for n, m in module.named_modules() if hasattr(m, "_nightjar_packed")]
         self.packed_bytes = sum(self._packed_nbytes(m) for _, m in self.packed)
-        self.param_bytes = sum(p.numel() * p.element_size() for _, p in self.params) + self.packed_bytes
+        self.param_bytes: int = sum(int(p.numel() * p.element_size()) for _, p in self.params) + self.packed_bytes
         self._store = HostStore(self.nbytes, self.device, host_store, offload_dir)
         self._host_valid = False
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -214,7 +215,7 @@ class DraftWeightMover:
         self.task: MoveTask | None = None
 
     # -- one copy loop for both directions and every device -----------------------------------------
-    def _stream_ctx(self):  # noqa: ANN202
+    def _stream_ctx(self) -> contextlib.AbstractContextManager[Any]:
         return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
 
     def _sync(self) -> None:
@@ -232,7 +233,7 @@ class DraftWeightMover:
     @staticmethod
     def _packed_nbytes(m: torch.nn.Module) -> int:
         info = m._nightjar_packed
-        return info.nbytes if info.remove_weight else m.weight.numel() * m.weight.element_size()
+        return int(info.nbytes if info.remove_weight else m.weight.numel() * m.weight.element_size())
 
     def _free_device(self) -> None:
         from . import cpu_packed
@@ -248,14 +249,14 @@ class DraftWeightMover:
             torch.cuda.empty_cache()
 
     # -- async API ------------------------------------------------------------------------------------
-    def _run(self, task: MoveTask, work: Iterator[None], stepped: bool = False) -> MoveTask:
+    def _run(self, task: MoveTask, work: Generator[None, None, int], stepped: bool = False) -> MoveTask:
         """Run ``work`` (a generator that yields between items and returns the bytes moved) in a
         background thread, or, ``stepped``, leave it to ``task.advance`` on the caller's thread."""
         if self.task is not None and not self.task.done:
             raise RuntimeError(f"draft weights: a {self.task.kind} is still running")
         result: dict[str, int] = {}
 
-        def body() -> Iterator[None]:
+        def body() -> Generator[None, None, None]:
             result["bytes"] = yield from work
 
         def finish() -> None:
@@ -295,7 +296,7 @@ class DraftWeightMover:
             raise RuntimeError("draft weights: offload requested but the draft is not resident")
         self.usable = False  # before the copy thread starts: no draft forward from now on
 
-        def work() -> Iterator[None]:
+        def work() -> Generator[None, None, int]:
             moved = 0
             if not self._host_valid:
                 moved = self._copy_to_host()
@@ -319,7 +320,7 @@ class DraftWeightMover:
             raise ValueError("draft weights: a stepped reload is for CPU; CUDA copies run in a thread on a side stream")
         return self._run(MoveTask("reload"), self._reload_work(slice_bytes), stepped=stepped)
 
-    def _reload_work(self, slice_bytes: int) -> Iterator[None]:
+    def _reload_work(self, slice_bytes: int) -> Generator[None, None, int]:
         from . import cpu_packed
 
         self.faults.check_reload()
@@ -348,7 +349,7 @@ class DraftWeightMover:
         return self.param_bytes
 
     def device_bytes(self) -> int:
-        plain = sum(p.numel() * p.element_size() for _, p in self.params)
+        plain = sum(int(p.numel() * p.element_size()) for _, p in self.params)
         return plain + (self.packed_bytes if self.resident else 0)
 
     def close(self) -> None:

@@ -161,7 +161,7 @@ class WorkerMemoryAgent:
 
 def _agent(worker: Any) -> WorkerMemoryAgent:
     a = getattr(worker, ATTR, None)
-    if a is None:
+    if not isinstance(a, WorkerMemoryAgent):
         raise RuntimeError("elastic memory: rpc_init was not called on this worker")
     return a
 
