@@ -417,9 +417,9 @@ def test_worker_killed_under_load_recovers(installed, reference, timings):
 
 
 def test_operator_killed_mid_rollout_leaves_no_duplicate(installed, timings):
-    # A new draft (the target as its own draft) starts a canary: a candidate Deployment and ConfigMap.
-    patch = {"spec": {"draft": {"name": "smollm2-self-draft", "source": {"image": {
-        "reference": "ghcr.io/nightjar-dev/nightjar-models:smollm2-135m", "path": MODEL}}}}}
+    # A new draft revision (the same draft files under a new name: the target as its own draft is
+    # refused by the admission webhook) starts a canary: a candidate Deployment and ConfigMap.
+    patch = {"spec": {"draft": {"name": "smollm2-135m-draft-v2"}}}
     installed.kubectl("patch", "njd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(patch))
     wait_for(lambda: get(installed, "deployment", f"{NAME}-candidate"), 120, "the candidate Deployment")
     # The operating replica dies; the standby takes the Lease over and finishes the job.

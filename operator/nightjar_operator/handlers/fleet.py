@@ -281,7 +281,8 @@ def tick(api: Api, body: dict[str, Any], fm: FleetMemo, now: float | None = None
     """One round of the fleet loop for one NightjarDeployment (see the module docstring). ``body``
     must be fresh (the rollout state in its status is read from it)."""
     from nightjar_operator.handlers import rollout as rollout_handler
-    from nightjar_operator.reconcile.validate import parse_spec
+    from nightjar_operator.handlers.settings import pod_policy
+    from nightjar_operator.reconcile.validate import validate
 
     settings = settings or FleetSettings.from_env()
     now = time.time() if now is None else now
@@ -290,7 +291,8 @@ def tick(api: Api, body: dict[str, Any], fm: FleetMemo, now: float | None = None
     if meta.get("deletionTimestamp"):
         return
     name, namespace = meta["name"], meta["namespace"]
-    spec, errors = parse_spec(body.get("spec"))
+    # The reconcile's checks, all of them: a spec it reports InvalidSpec never starts a canary.
+    spec, errors = validate(body.get("spec"), name, pod_policy())
     if spec is None or errors:
         return  # the reconcile reports InvalidSpec; nothing to measure against
     m = op_metrics()
