@@ -14,6 +14,7 @@ from nightjar_worker.planner import PlannerConfig, build_policy
 from nightjar_worker.planner.nightjar import NightjarPolicy
 from nightjar_worker.sim.profile import CostProfile
 from nightjar_worker.sim.simulator import Simulator
+from nightjar_worker.sim.sources import SourceTable
 from nightjar_worker.sim.workload import dynamic_trace, make_requests
 
 CASES = {  # name -> PlannerConfig fields, toggling the draft's availability every n decisions (0: never)
@@ -26,7 +27,7 @@ CASES = {  # name -> PlannerConfig fields, toggling the draft's availability eve
 PINNED = {
     "default": "5a51e1e1436c162e",
     "paper": "35427659cfa1dd7c",
-    "ngram-offload": "25563cc603cee9ed",
+    "ngram-offload": "dc4abf7367788c7b",  # the simulator draws n-gram steps from its source table
     "slo": "56b6602ade99bf94",
     "priors": "1aa2240d19a7c46e",
 }
@@ -70,7 +71,9 @@ def fingerprint(profile: CostProfile, case: str) -> str:
         Simulator(profile, make_requests(dynamic_trace(0.6, 6.0, 20.0), 7), seed=7).run(warm)
         pol.set_priors(warm.snapshot())
     rec = _Recorder(pol, toggle)
-    Simulator(profile, make_requests(dynamic_trace(0.6, 5.4, 30.0), 0), seed=0).run(rec)  # type: ignore[arg-type]
+    # n-gram steps cost and accept as the calibrated n-gram source (sim/sources.json)
+    sources = SourceTable.for_profile(profile) if fields.get("ngram_arms") else None
+    Simulator(profile, make_requests(dynamic_trace(0.6, 5.4, 30.0), 0), seed=0, sources=sources).run(rec)  # type: ignore[arg-type]
     rec.h.update(pol.snapshot().model_dump_json().encode())
     return rec.h.hexdigest()[:16]
 

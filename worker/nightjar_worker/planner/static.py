@@ -29,5 +29,9 @@ class StaticPolicy:
     def source(self) -> str:
         return self._source
 
+    def needs_draft(self) -> bool:
+        """Whether the draft model must be resident (its KV blocks taken from the cache)."""
+        return self.gamma > 0 and self._source == "draft"
+
     def observe(self, feedback: StepFeedback) -> None:
         return None

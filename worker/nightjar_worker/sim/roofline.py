@@ -31,6 +31,20 @@ ACCEPTANCE = {
 BATCH_SIZES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
 
 
+def target_time(
+    b: int, g: int, *, bw: float = 3.35e12 * 0.80, flops: float = 989e12 * 0.35, p_target: float = 7.24e9,
+    kv_target: int = 2 * 32 * 8 * 128 * 2, ctx: int = 320, o_target: float = 1.0e-3,
+) -> float:
+    """The target's forward verifying ``g`` drafts per request at batch ``b`` (no draft forwards):
+    a step with drafts proposed on the host (``sim/sources.py``) costs this."""
+    return max((2 * p_target + b * ctx * kv_target) / bw, 2 * p_target * b * (g + 1) / flops) + o_target
+
+
+def verify_grid(gammas: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6)) -> list[list[float]]:
+    """``target_time`` over the shipped profile's batch sizes x gammas (the defaults' model)."""
+    return [[round(target_time(b, g), 9) for g in gammas] for b in BATCH_SIZES]
+
+
 def roofline_profile(
     *,
     bw: float = 3.35e12 * 0.80,  # achieved HBM bandwidth (H100 SXM 3.35 TB/s at 80 %)
@@ -52,7 +66,7 @@ def roofline_profile(
     w_t, w_d = 2 * p_target, 2 * p_draft
 
     def step(b: int, g: int) -> float:
-        t = max((w_t + b * ctx * kv_target) / bw, 2 * p_target * b * (g + 1) / flops) + o_target
+        t = target_time(b, g, bw=bw, flops=flops, p_target=p_target, kv_target=kv_target, ctx=ctx, o_target=o_target)
         d = g * (max((w_d + b * ctx * kv_draft) / bw, 2 * p_draft * b / flops) + o_draft)
         return t + d
 

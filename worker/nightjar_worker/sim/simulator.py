@@ -29,8 +29,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from nightjar_worker.planner.policy import GammaPolicy, StepFeedback
+from nightjar_worker.planner.policy import DraftAware, GammaPolicy, SourcePolicy, StepFeedback
 from nightjar_worker.sim.profile import CostProfile
+from nightjar_worker.sim.sources import DRAFT, SourceTable
 from nightjar_worker.sim.workload import Request
 
 
@@ -51,6 +52,7 @@ class SimResult:
     kv_budget_blocks: int
     total_tokens: int = 0  # every token emitted (all requests, warm-up included)
     gamma_steps: dict[int, int] = field(default_factory=dict)
+    arm_steps: dict[str, int] = field(default_factory=dict)  # "source-gamma" (or "0") -> steps
     step_log: list[tuple[int, int]] | None = None  # (batch, gamma) per step when recorded
 
     offered_tokens: int = 0  # output tokens of the requests arriving inside the window
@@ -84,8 +86,15 @@ class Simulator:
         record_steps: bool = False,
         max_steps: int = 10_000_000,
         max_prefill_tokens: int = 4096,
+        sources: SourceTable | None = None,
+        draft_resident: bool = True,
     ) -> None:
         self.profile = profile
+        # where drafts come from (``sim/sources.py``): a policy's ``source()`` picks one per step
+        self.sources = sources or SourceTable.draft_only()
+        # False: the draft's weights are offloaded for the whole run (its arms unavailable, its
+        # blocks KV cache), as the memory manager's pinned offload (bench-ngram's ``tight``)
+        self.draft_resident = draft_resident
         self.requests = sorted(requests, key=lambda r: r.arrival_s)
         self.max_batch = max_batch or profile.max_batch
         self.noise_cv = noise_cv
@@ -108,7 +117,8 @@ class Simulator:
         t = self._prefill_cache.get(key)
         if t is None:
             b = max(batch, 1)
-            t = max(self.profile.step_time(b + tokens, 0) - self.profile.step_time(b, 0), 0.0)
+            rate = self.sources.prefill_s_per_token  # measured on the engine, where calibrated
+            t = rate * tokens if rate > 0 else max(self.profile.step_time(b + tokens, 0) - self.profile.step_time(b, 0), 0.0)
             if batch == 0:
                 t += self._base  # a prefill-only step still pays the fixed cost of a forward
             if len(self._prefill_cache) > 200_000:
@@ -129,8 +139,14 @@ class Simulator:
         prof = self.profile
         bt = prof.block_tokens
         rng = random.Random(self.seed * 7919 + 1)
-        speculates = any(g > 0 for g in policy.arms)
-        budget = self.kv_blocks + (0 if speculates else prof.draft_blocks())
+        sources = self.sources
+        picks_source = isinstance(policy, SourcePolicy)
+        # the draft is resident when the policy may run it: a static host-source arm never does
+        needs = getattr(policy, "needs_draft", None)
+        needs_draft = self.draft_resident and (needs() if callable(needs) else any(g > 0 for g in policy.arms))
+        if isinstance(policy, DraftAware):
+            policy.set_draft_available(self.draft_resident)
+        budget = self.kv_blocks + (0 if needs_draft else prof.draft_blocks())
         reqs = self.requests
         n_req = len(reqs)
         if n_req == 0:
@@ -140,10 +156,11 @@ class Simulator:
                 raise ValueError(
                     f"requests: request {r.rid} needs more KV blocks than the budget of {budget}"
                 )
-        ln_alpha = {}
-        for r in reqs:
-            a = prof.alpha(r.category)
-            ln_alpha[r.rid] = math.log(a) if 0 < a < 1 else (0.0 if a >= 1 else -math.inf)
+        # per source, per request: ln(alpha) of its category (the geometric acceptance draw)
+        ln_alpha: dict[str, dict[int, float]] = {}
+        for name in sources.names():
+            src = sources[name]
+            ln_alpha[name] = {r.rid: _ln(src.acceptance(prof, r.category)) for r in reqs}
 
         # Per-request mutable state: [rid, remaining, ctx, blocks, lag, ln_alpha, first_token_t]
         waiting: list[list] = []  # FIFO of states (preempted ones re-enter at the front)
@@ -156,12 +173,13 @@ class Simulator:
         free = budget
         max_used = 0
         steps = 0
-        last_g = 0
+        last_drafting = False
         switches_on = 0
         switch_time = 0.0
         preemptions = 0
         out_tokens = 0
         gsteps: dict[int, int] = {}
+        asteps: dict[str, int] = {}
         log: list[tuple[int, int]] | None = [] if self.record_steps else None
         cv = self.noise_cv
         first_arrival = reqs[0].arrival_s
@@ -174,7 +192,7 @@ class Simulator:
         while len(finish) < n_req:
             while i_arr < n_req and reqs[i_arr].arrival_s <= t:
                 r = reqs[i_arr]
-                waiting.append([r.rid, r.output_tokens, r.prompt_tokens, 0, 0, ln_alpha[r.rid], -1.0])
+                waiting.append([r.rid, r.output_tokens, r.prompt_tokens, 0, 0, r.rid, -1.0])
                 i_arr += 1
             if not running and not waiting:
                 t = reqs[i_arr].arrival_s
@@ -198,6 +216,11 @@ class Simulator:
 
             b = len(running)
             g = policy.decide(b, prefill_tokens) if b > 0 else 0
+            src_name = policy.source() if picks_source and g > 0 else DRAFT
+            if src_name == DRAFT and g > 0 and not needs_draft:
+                g = 0  # the draft is offloaded: a draft arm falls back to a plain step (the engine's clamp)
+            src = sources[src_name]
+            drafting = g > 0 and src.runs_draft
 
             # Blocks for context + gamma + 1 per decoding request; preempt the newest when short.
             if b > 0:
@@ -224,6 +247,7 @@ class Simulator:
                 b = len(running)
                 if b == 0:
                     g = 0
+                    drafting = False
             used = budget - free
             if used > max_used:
                 max_used = used
@@ -231,7 +255,7 @@ class Simulator:
             # Switching cost when speculation resumes: the draft catches up on what it missed.
             sw = 0.0
             lag = None
-            if g > 0 and last_g == 0 and steps > 1:
+            if drafting and not last_drafting and steps > 1:
                 lag = sum(st[4] for st in running)
                 sw = prof.switch_cost(lag)
                 for st in running:
@@ -239,11 +263,11 @@ class Simulator:
                 switches_on += 1
                 switch_time += sw
 
-            draft_on = g > 0 if b > 0 else last_g > 0
+            draft_on = drafting if b > 0 else last_drafting
             step_t = 0.0
             if b > 0:
                 noise = 1.0 + cv * rng.gauss(0.0, 1.0) if cv > 0 else 1.0
-                step_t = prof.step_time(b, g) * min(max(noise, 0.5), 1.5)
+                step_t = src.step_time(prof, b, g) * min(max(noise, 0.5), 1.5)
             step_t += self._prefill_time(b, prefill_tokens, draft_on)
 
             # Tokens: geometric acceptance per request.
@@ -252,9 +276,10 @@ class Simulator:
             lacks = 0  # at gamma 0: positions of running requests the draft lacks (as the engine reports)
             done: list[list] = []
             rand = rng.random
+            lns = ln_alpha[src_name]
             for st in running:
                 if g > 0:
-                    la = st[5]
+                    la = lns[st[5]]
                     if la == 0.0:
                         acc = g
                     elif la == -math.inf:
@@ -270,7 +295,7 @@ class Simulator:
                     e = st[1]
                 st[1] -= e
                 st[2] += e
-                if g == 0:
+                if not drafting:  # the draft misses what it does not run for (n-gram steps too)
                     lacks += st[4]
                     st[4] += e
                 emitted += e
@@ -309,13 +334,16 @@ class Simulator:
                         switch_cost_s=sw,
                         prefill_tokens=prefill_tokens,
                         catchup_tokens=lag,
-                        draft_lag_tokens=lacks if g == 0 else None,
+                        draft_lag_tokens=lacks if not drafting else None,
+                        source=src_name if g > 0 else DRAFT,
                     )
                 )
                 gsteps[g] = gsteps.get(g, 0) + 1
+                arm = f"{src_name}-{g}" if g > 0 else "0"
+                asteps[arm] = asteps.get(arm, 0) + 1
                 if log is not None:
                     log.append((b, g))
-                last_g = g
+                last_drafting = drafting
             if done:
                 ids = {id(st) for st in done}
                 running = [st for st in running if id(st) not in ids]
@@ -354,5 +382,10 @@ class Simulator:
             total_tokens=out_tokens,
             offered_tokens=offered,
             gamma_steps=gsteps,
+            arm_steps=asteps,
             step_log=log,
         )
+
+
+def _ln(alpha: float) -> float:
+    return math.log(alpha) if 0 < alpha < 1 else (0.0 if alpha >= 1 else -math.inf)
