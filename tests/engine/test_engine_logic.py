@@ -1,5 +1,6 @@
 """Pure logic of the engine area (no vLLM engine started): version pin, draft/target pair check,
-forced schedules, draft KV tracking and catch-up chunking, engine kwargs validation."""
+forced schedules, draft KV tracking and catch-up chunking, engine kwargs validation, the suffix
+trees' step contract on a stand-in input batch."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import json
 import shutil
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+from nightjar_contract.runtime import RuntimeConfigError, parse_runtime_config
 from nightjar_worker.engine.catchup import DraftKVTracker, _chunks
 from nightjar_worker.engine.forced import ForcedSchedulePolicy, parse_schedule
 from nightjar_worker.engine.pair_check import DraftPairMismatch, check_pair, fingerprint
+from nightjar_worker.engine.suffix import SuffixDrafter, SuffixSettings
 from nightjar_worker.engine.version import (
     UnsupportedVLLMVersion,
     check_vllm_version,
@@ -155,7 +159,9 @@ def test_forced_schedule_parsing_and_cycling() -> None:
     assert p.arms == (0, 4)
     q = ForcedSchedulePolicy("2,n3", max_gamma=4)
     assert [(q.decide(1), q.source()) for _ in range(3)] == [(2, "draft"), (3, "ngram"), (2, "draft")]
-    for bad in ("", "x3", "2x0", "-1", "a", "n0"):
+    assert parse_schedule("s3x2,n1,2") == [("suffix", 3), ("suffix", 3), ("ngram", 1), ("draft", 2)]
+    assert [(p, g) for p, g in ForcedSchedulePolicy("s2", max_gamma=4).schedule] == [("suffix", 2)]
+    for bad in ("", "x3", "2x0", "-1", "a", "n0", "s0", "ns3", "s"):
         with pytest.raises(ValueError, match="NIGHTJAR_FORCE_GAMMA"):
             parse_schedule(bad)
     with pytest.raises(ValueError, match="K=2"):
@@ -253,3 +259,119 @@ def test_draft_weight_bytes_follow_the_served_dtype(tmp_path) -> None:
     assert draft_weight_bytes(tmp_path, "auto") == 1000
     (tmp_path / "config.json").write_text(json.dumps({"dtype": "float16"}))  # newer transformers' key
     assert draft_weight_bytes(tmp_path, "float32") == 2000
+
+
+# -- suffix trees (engine/suffix.py) -------------------------------------------------------------------
+class _Batch:
+    """The InputBatch fields the suffix drafter reads, after a step's bookkeeping."""
+
+    def __init__(self, max_len: int = 64) -> None:
+        self.req_ids: list[str] = []
+        self.token_ids_cpu = np.zeros((4, max_len), dtype=np.int32)
+        self.num_tokens_no_spec = np.zeros(4, dtype=np.int32)
+        self.num_prompt_tokens = np.zeros(4, dtype=np.int32)
+
+    @property
+    def req_id_to_index(self) -> dict[str, int]:
+        return {r: i for i, r in enumerate(self.req_ids)}
+
+    def add(self, rid: str, prompt: list[int]) -> None:
+        i = len(self.req_ids)
+        self.req_ids.append(rid)
+        self.token_ids_cpu[i, :len(prompt)] = prompt
+        self.num_tokens_no_spec[i] = self.num_prompt_tokens[i] = len(prompt)
+
+    def append(self, i: int, ids: list[int]) -> None:
+        n = int(self.num_tokens_no_spec[i])
+        self.token_ids_cpu[i, n:n + len(ids)] = ids
+        self.num_tokens_no_spec[i] = n + len(ids)
+
+
+def _run(drafter: SuffixDrafter, batch: _Batch, outputs: dict[str, list[int]], k: int) -> list[list[list[int]]]:
+    """Decode ``outputs`` one token per step for every request of ``batch``, proposing each step."""
+    got = []
+    for t in range(max(len(v) for v in outputs.values())):
+        sampled = []
+        for i, rid in enumerate(batch.req_ids):
+            ids = outputs[rid][t:t + 1]
+            batch.append(i, ids)
+            sampled.append(ids)
+        drafter.observe(sampled, batch)
+        got.append(drafter.propose(k, sampled, batch)[0])
+    return got
+
+
+def test_suffix_drafts_come_from_an_earlier_requests_output_and_are_ragged() -> None:
+    prompt, out = [1, 2, 3], [10, 11, 12, 13, 14, 15, 16, 17]
+    d = SuffixDrafter(SuffixSettings(cache_requests=4, min_token_prob=0.0), max_model_len=64)
+    b1 = _Batch()
+    b1.add("a", prompt)
+    first = _run(d, b1, {"a": out}, k=3)
+    assert all(p == [[]] for p in first), "a request with a novel output has nothing to draft from"
+    b2 = _Batch()  # "a" left the batch: stopped, its output stays in the cross-request tree
+    b2.add("b", prompt)
+    b2.add("c", [99])
+    for t in range(3):  # "b" repeats "a"'s output; "c" is in a partial prefill (samples nothing)
+        b2.append(0, [out[t]])
+        d.observe([[out[t]], []], b2)
+        drafts, found = d.propose(5 if t == 2 else 3, [[out[t]], []], b2)
+        # a draft is at most spec_factor (1) x the matched context: 1, 2, then 3 tokens
+        assert drafts == [out[t + 1:t + 2 + t], []] and (found.lookups, found.hits) == (1, 1)
+    assert "a" not in d.cache.active_requests and "a" in d.cache.cached_requests
+    assert d.propose(2, [[out[2]], []], b2)[0][0] == out[3:5]  # at most k
+    # never past max_model_len
+    short = SuffixDrafter(SuffixSettings(cache_requests=4, min_token_prob=0.0), max_model_len=6)
+    b3 = _Batch()
+    b3.add("a", prompt)
+    _run(short, b3, {"a": out[:2]}, k=3)
+    assert short.propose(3, [[out[1]]], b3)[0] == [[]]
+
+
+def test_suffix_cache_is_bounded_oldest_first_and_measured() -> None:
+    d = SuffixDrafter(SuffixSettings(cache_requests=2), max_model_len=64)
+    for r in ("a", "b", "c"):
+        b = _Batch()
+        b.add(r, [5, 6])
+        _run(d, b, {r: [7, 8, 9]}, k=2)
+    d.observe([], _Batch())  # every request left
+    assert list(d.cache.cached_requests) == ["b", "c"] and not d.cache.active_requests
+    size, cached = d.measure(now=0.0)
+    assert size is not None and size > 0 and cached == 2
+    assert d.measure(now=1.0)[0] is None  # not measured again within MEMORY_EVERY_S
+    none = SuffixDrafter(SuffixSettings(cache_requests=0), max_model_len=64)
+    b = _Batch()
+    b.add("a", [5, 6])
+    _run(none, b, {"a": [7, 8]}, k=2)
+    assert not none.cache.cached_requests
+
+
+def test_suffix_settings_come_from_the_runtime_config() -> None:
+    cfg = parse_runtime_config({"suffix": {"cache_requests": 50, "tree_depth": 8}})
+    assert SuffixSettings.from_config(cfg.suffix) == SuffixSettings(cache_requests=50, tree_depth=8)
+    assert SuffixSettings.from_config(parse_runtime_config({}).suffix) == SuffixSettings()
+    for bad, field in (({"cache_requests": -1}, "suffix.cache_requests"), ({"tree_depth": 0}, "suffix.tree_depth"),
+                       ({"min_token_prob": 2}, "suffix.min_token_prob"), ({"size": 3}, "suffix.size")):
+        with pytest.raises(RuntimeConfigError, match=field):
+            parse_runtime_config({"suffix": bad})
+
+
+def test_arctic_plugin_stays_off() -> None:
+    """Arctic Inference (the suffix trees) installs a vLLM plugin. Loaded by vLLM without
+    ARCTIC_INFERENCE_ENABLED it patches nothing; ``serve`` leaves it out of VLLM_PLUGINS (not even
+    imported: vLLM honours the list; its own plugins kept); with ARCTIC_INFERENCE_ENABLED=1 Nightjar's plugin refuses."""
+    import os
+    import subprocess
+    import sys
+
+    from nightjar_worker.engine.hooks import foreign_plugin_problem, plugin_allowlist
+
+    allow = plugin_allowlist().split(",")
+    assert "nightjar" in allow and "arctic_inference" not in allow and "lora_filesystem_resolver" in allow
+    probe = ("import sys; from vllm.plugins import load_general_plugins; load_general_plugins(); "
+             "print(sorted(m for m in sys.modules if m.startswith('arctic_inference')))")
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "ARCTIC_INFERENCE_ENABLED")}
+    loaded = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    mods = eval(loaded.stdout.strip().splitlines()[-1])  # noqa: S307 - our own probe's repr of a list
+    assert "arctic_inference.vllm.plugin" in mods and not any("patches" in m for m in mods)
+    assert foreign_plugin_problem({}) is None
+    assert "ARCTIC_INFERENCE_ENABLED" in (foreign_plugin_problem({"ARCTIC_INFERENCE_ENABLED": "1"}) or "")

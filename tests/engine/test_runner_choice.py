@@ -94,6 +94,14 @@ def test_the_check_applies_to_nightjar_engines_only():
     cfg = nightjar_config()
     cfg.speculative_config.uses_draft_model = lambda: False  # n-gram only: no draft, no runner hooks needed
     assert not hooks.nightjar_enabled(cfg)
+    from nightjar_worker.engine.scheduler import NightjarScheduler
+
+    class Renamed(NightjarScheduler):  # a subclass of ours under another name
+        pass
+
+    cfg = nightjar_config()
+    cfg.scheduler_config.scheduler_cls = Renamed
+    assert hooks.nightjar_enabled(cfg)
 
 
 def test_the_scheduler_refuses_a_v2_configuration():

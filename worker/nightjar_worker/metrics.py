@@ -43,7 +43,8 @@ _MP = "mostrecent"
 gamma_chosen = Histogram("nightjar_gamma_chosen", "Speculation length chosen per decoding step", buckets=GAMMA_BUCKETS)
 gamma_current = Gauge("nightjar_gamma_current", "Speculation length of the latest step", multiprocess_mode=_MP)
 steps_total = Counter(
-    "nightjar_steps_total", "Decoding steps run, by chosen gamma and source of drafts (draft, ngram)", ["gamma", "source"]
+    "nightjar_steps_total", "Decoding steps run, by chosen gamma and source of drafts (draft, ngram, suffix)",
+    ["gamma", "source"]
 )
 switches_total = Counter(
     "nightjar_switches_total", "The draft model started (on: 0 or n-gram -> draft k) or stopped drafting (off)",
@@ -115,6 +116,24 @@ config_last_reload_timestamp_seconds = Gauge(
     multiprocess_mode=_MP,
 )
 
+# --- suffix-tree source (engine/suffix.py) ----------------------------------------------------------
+SUFFIX_RESULTS = ("hit", "miss")
+suffix_lookups_total = Counter(
+    "nightjar_suffix_lookups_total",
+    "Suffix-tree draft lookups of suffix steps, one per request: hit (at least one draft token) or miss",
+    ["result"],
+)
+suffix_cache_bytes = Gauge(
+    "nightjar_suffix_cache_bytes",
+    "Memory of the suffix trees (the cross-request tree of cached outputs and the running requests' trees), "
+    "as last measured (every few seconds)", multiprocess_mode=_MP,
+)
+suffix_cached_requests = Gauge(
+    "nightjar_suffix_cached_requests",
+    "Outputs held in the cross-request suffix tree (bounded by the runtime config's suffix.cache_requests)",
+    multiprocess_mode=_MP,
+)
+
 # --- elastic draft memory ----------------------------------------------------------------------------
 draft_state = Gauge(
     "nightjar_draft_state", "Draft weights state: 0 resident, 1 offloading, 2 offloaded, 3 reloading, 4 draining",
@@ -169,6 +188,8 @@ class WorkerMetrics:
         self._conflicts = (0, 0)  # the policy's cumulative (dropped, rescaled) last seen
         for action in ("dropped", "rescaled"):  # present at 0, so rate() reads 0, not "no data"
             planner_prior_conflicts_total.labels(action=action)
+        for result in SUFFIX_RESULTS:
+            suffix_lookups_total.labels(result=result)
 
     # -- steps ---------------------------------------------------------------------------------------
     def observe_decision(self, seconds: float) -> None:
@@ -196,6 +217,18 @@ class WorkerMetrics:
         if prev is not None and prev != drafting:
             switches_total.labels(direction="on" if drafting else "off").inc()
         self._last_drafting = drafting
+
+    def observe_suffix(self, lookups: int, hits: int, cache_bytes: int | None, cached_requests: int | None) -> None:
+        """One step's suffix-tree figures (``WorkerStepStats``): lookups of a suffix step, the
+        cache's size when the worker measured it (None: not this step)."""
+        if hits:
+            suffix_lookups_total.labels(result="hit").inc(hits)
+        if lookups > hits:
+            suffix_lookups_total.labels(result="miss").inc(lookups - hits)
+        if cache_bytes is not None:
+            suffix_cache_bytes.set(cache_bytes)
+        if cached_requests is not None:
+            suffix_cached_requests.set(cached_requests)
 
     def observe_prior_conflicts(self, dropped: int, rescaled: int) -> None:
         """The policy's cumulative prior-conflict counts (``PlannerStats``); a count below the last

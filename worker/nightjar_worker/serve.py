@@ -144,6 +144,10 @@ def prepare_environment(args: argparse.Namespace) -> dict[str, str]:
                          f"{RUNNER_ENV_VALUE} (docs/engine.md)")
     if runner is None:  # baselines (--scheduler vllm) run the same runner as Nightjar
         set_env[RUNNER_ENV] = RUNNER_ENV_VALUE
+    if os.environ.get("VLLM_PLUGINS") is None:  # Arctic Inference's plugin stays off (engine/hooks.py)
+        from nightjar_worker.engine.hooks import plugin_allowlist
+
+        set_env["VLLM_PLUGINS"] = plugin_allowlist()
     # torch.cuda.is_available() through NVML, not the CUDA runtime: libraries imported in this process
     # before vLLM forks its engine core call it (xgrammar's tvm_ffi does, on importing vLLM's runner)
     set_env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"

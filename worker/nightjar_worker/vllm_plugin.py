@@ -3,7 +3,8 @@ process (API server, EngineCore, workers) and is the one installer of what Night
 (the list and the start-up checks: ``engine/hooks.py``); the hooks stay inert unless the engine runs
 ``NightjarScheduler`` with a draft model, and then a worker whose runner lacks them refuses to start.
 With ``NIGHTJAR_FLUSH_DENORMAL=1`` (``serve --dtype float32``) it flushes denormals in the process.
-It caps numba's thread pool at one thread (``pin_numba_threads``).
+It caps numba's thread pool at one thread (``pin_numba_threads``). It refuses to start a process
+where another package's plugin would patch vLLM under the hooks (``engine/hooks.py``).
 On an unsupported vLLM version it installs nothing and says so; the scheduler then refuses to
 start with the same message (``engine/version.py``).
 """
@@ -45,7 +46,9 @@ def register() -> None:
     except UnsupportedVLLMVersion as e:
         log.warning("%s (Nightjar hooks not installed)", e)
         return
-    from nightjar_worker.engine.hooks import install_worker_check
+    from nightjar_worker.engine.hooks import foreign_plugin_problem, install_worker_check, require
+
+    require(foreign_plugin_problem())
     from nightjar_worker.engine.runner_hooks import install
     from nightjar_worker.memory.cpu_packed import install as install_memory_hooks
     from nightjar_worker.memory.kv_pool import install as install_kv_pool

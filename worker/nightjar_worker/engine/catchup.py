@@ -30,6 +30,9 @@ import numpy as np
 import torch
 from nightjar_contract.engine import WorkerStepStats
 
+# Sources that run no draft model (prompt lookup, suffix trees): for the draft's KV a gamma 0 step.
+MODEL_FREE_SOURCES = frozenset({"ngram", "suffix"})
+
 
 @dataclass
 class DraftKVTracker:
@@ -148,16 +151,16 @@ class DraftCatchup:
         rows = self.rows()
         self.tracker.begin_step(rows, set(scheduler_output.finished_req_ids or ()))
         k = int(scheduler_output.num_spec_tokens_to_schedule)
-        ngram = k > 0 and getattr(scheduler_output, "nightjar_source", "draft") == "ngram"
+        model_free = k > 0 and getattr(scheduler_output, "nightjar_source", "draft") in MODEL_FREE_SOURCES
         f0 = self.forward_count
-        if k <= 0 or ngram:
+        if k <= 0 or model_free:
             # gamma == 0: a true autoregressive step, the draft does not run at all. What a resume
             # would have to catch up on (running requests only) goes to the planner's C_switch model.
-            # An n-gram step is the same for the draft; its drafts come after the bookkeeping.
+            # An n-gram or suffix step is the same for the draft; its drafts come after the bookkeeping.
             stats.draft_lag_tokens = sum(e - s for _, s, e in self.tracker.missing(rows))
             self.tracker.end_step(rows, proposed=False)
             stats.draft_forwards += self.forward_count - f0
-            if ngram:  # the sampling hook fills them in (runner_hooks.py)
+            if model_free:  # the sampling hook fills them in (runner_hooks.py)
                 return [[] for _ in rows]
             return torch.empty((len(rows), 0), dtype=torch.int64, device=self.drafter.device)
         ranges = self.tracker.missing(rows)

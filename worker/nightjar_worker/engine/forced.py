@@ -1,13 +1,16 @@
 """A forced gamma schedule, cycled per step: for tests (switches 0 <-> k) and the profiler.
 
 Spec: comma-separated items ``g`` or ``gxN`` (gamma g for N steps), e.g. ``"0x5,4x5"`` or ``"0,2,4"``;
-``ng`` drafts gamma g by prompt lookup instead of the draft model (``"4x3,n3x3,0"``).
+``ng`` drafts up to gamma g by prompt lookup instead of the draft model, ``sg`` by the suffix trees
+(``"4x3,n3x3,s3x3,0"``).
 Set through env ``NIGHTJAR_FORCE_GAMMA`` (overrides the configured policy).
 """
 
 from __future__ import annotations
 
 from nightjar_worker.planner.policy import StepFeedback
+
+_PREFIXES = {"n": "ngram", "s": "suffix"}
 
 
 def parse_schedule(spec: str) -> list[tuple[str, int]]:
@@ -17,13 +20,14 @@ def parse_schedule(spec: str) -> list[tuple[str, int]]:
         if not item:
             continue
         g, _, n = item.partition("x")
-        src = "ngram" if g.startswith("n") else "draft"
+        src = _PREFIXES.get(g[:1], "draft")
         try:
-            gi, ni = int(g.removeprefix("n")), int(n) if n else 1
+            gi, ni = int(g[1:] if src != "draft" else g), int(n) if n else 1
         except ValueError:
-            raise ValueError(f"NIGHTJAR_FORCE_GAMMA: bad item {item!r} (expected 'g', 'ng' or 'gxN')") from None
-        if gi < 0 or ni < 1 or (src == "ngram" and gi == 0):
-            raise ValueError(f"NIGHTJAR_FORCE_GAMMA: bad item {item!r} (gamma >= 0, n-gram gamma >= 1, N >= 1)")
+            raise ValueError(f"NIGHTJAR_FORCE_GAMMA: bad item {item!r} (expected 'g', 'ng', 'sg' or 'gxN')") from None
+        if gi < 0 or ni < 1 or (src != "draft" and gi == 0):
+            raise ValueError(f"NIGHTJAR_FORCE_GAMMA: bad item {item!r} (gamma >= 0, n-gram and suffix gamma >= 1, "
+                             "N >= 1)")
         out += [(src, gi)] * ni
     if not out:
         raise ValueError("NIGHTJAR_FORCE_GAMMA: empty schedule")

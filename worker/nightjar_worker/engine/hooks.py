@@ -10,6 +10,10 @@ vLLM (``version.py``) it wraps, without modifying any vLLM file:
   ``SpecDecodeBaseProposer.load_model``, the CPU GEMM dispatch   memory/cpu_packed.py
   ``vllm.v1.worker.gpu_worker.Worker.load_model``    ``install_worker_check`` below
 
+Other packages' vLLM plugins that must stay off (``FOREIGN_PLUGINS``: Arctic Inference's, installed
+with the suffix source's trees) are left out of ``VLLM_PLUGINS`` by ``nightjar-worker serve``
+(``plugin_allowlist``), and the plugin refuses to start a process that would turn them on.
+
 **Runner choice: V1, pinned.** vLLM 0.32 builds Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``,
 another class with its own step loop) whenever Triton imports, i.e. on every CUDA install, and its
 unsupported-feature list does not name draft models (``VllmConfig.use_v2_model_runner``). The CPU
@@ -68,12 +72,9 @@ def nightjar_enabled(vllm_config: Any) -> bool:
         return False
     if name.endswith("NightjarScheduler"):
         return True
-    try:  # a subclass of ours under another name
-        from nightjar_worker.engine.scheduler import NightjarScheduler
-
-        return isinstance(cls, type) and issubclass(cls, NightjarScheduler)
-    except Exception:  # noqa: BLE001
-        return False
+    # a subclass of ours under another name (by its MRO's names: scheduler.py imports this module)
+    return isinstance(cls, type) and any(qualname(k) == "nightjar_worker.engine.scheduler.NightjarScheduler"
+                                         for k in cls.__mro__)
 
 
 def config_problem(vllm_config: Any) -> str | None:
@@ -103,6 +104,31 @@ def runner_problem(cls: type) -> str | None:
         for k in mro[: mro.index(GPUModelRunner)]:
             if meth in k.__dict__ and (qualname(k), meth) not in DELEGATING_OVERRIDES:
                 return f"{qualname(k)}.{meth} overrides Nightjar's hook on {qualname(GPUModelRunner)}.{meth}"
+    return None
+
+
+# vLLM plugins of other packages that must not load beside Nightjar: Arctic Inference (the suffix
+# source's trees) registers one that patches vLLM's runner and spec decoding when
+# ARCTIC_INFERENCE_ENABLED=1, and is a no-op otherwise; Nightjar imports only its suffix-tree core.
+FOREIGN_PLUGINS = frozenset({"arctic_inference"})
+ARCTIC_ENV = "ARCTIC_INFERENCE_ENABLED"
+
+
+def plugin_allowlist() -> str:
+    """``VLLM_PLUGINS`` for ``nightjar-worker serve``: every installed general plugin (Nightjar's,
+    vLLM's own LoRA resolvers) but ``FOREIGN_PLUGINS``, which then are not even imported."""
+    from importlib.metadata import entry_points
+
+    names = {e.name for e in entry_points(group="vllm.general_plugins")} - FOREIGN_PLUGINS
+    return ",".join(sorted(names))
+
+
+def foreign_plugin_problem(environ: dict[str, str] | None = None) -> str | None:
+    """Why a foreign plugin would patch vLLM under Nightjar's hooks in this process, or None."""
+    env = os.environ if environ is None else environ
+    if env.get(ARCTIC_ENV, "0") == "1":
+        return (f"{ARCTIC_ENV}=1 turns on Arctic Inference's vLLM plugin, whose patches replace the runner and "
+                "speculative decoding code Nightjar hooks; unset it (Nightjar uses only Arctic's suffix trees)")
     return None
 
 

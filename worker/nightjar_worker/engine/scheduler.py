@@ -207,6 +207,10 @@ class NightjarScheduler(Scheduler):
         )
         self.nightjar_step += 1
         self.nightjar_control.observe(rec)
+        metrics = self.nightjar_control.metrics
+        if worker is not None and metrics is not None and worker.suffix_cached_requests is not None:
+            metrics.observe_suffix(worker.suffix_lookups, worker.suffix_hits, worker.suffix_cache_bytes,
+                                   worker.suffix_cached_requests)
 
     def shutdown(self) -> None:
         if self.nightjar_control is not None:
