@@ -207,8 +207,8 @@ def overview() -> dict[str, Any]:
         unit="short"))
     L.add(timeseries(
         "Steps / s per arm",
-        "Decoding steps per second by chosen gamma and source of drafts (nightjar_steps_total: draft model or "
-        "n-gram prompt lookup), stacked: the arm mix.",
+        "Decoding steps per second by chosen gamma and source of drafts (nightjar_steps_total: draft model, "
+        "n-gram prompt lookup or suffix trees), stacked: the arm mix.",
         [target(f"sum by (gamma, source) (rate(nightjar_steps_total{{{S}}}[{RI}]))", "{{source}} gamma={{gamma}}")],
         unit="short", stack=True))
     L.add(timeseries(
@@ -285,6 +285,29 @@ def overview() -> dict[str, Any]:
         "The worker's decayed recent acceptance per gamma and source (nightjar_acceptance_rate), averaged over workers.",
         [target(f"avg by (gamma, source) (nightjar_acceptance_rate{{{S}}})", "{{source}} gamma={{gamma}}")],
         unit="percentunit"), w=12)
+
+    L.add(timeseries(
+        "Suffix trees: lookup hit rate",
+        "Share of suffix-step lookups (one per request and step) that found at least one draft token in the "
+        "request's own tree or the cross-request tree of cached outputs (nightjar_suffix_lookups_total, "
+        "result=hit over all). Low: the workload does not repeat itself; the suffix arms' acceptance is "
+        "in the panels above.",
+        [target(f"sum by (nightjar_deployment) (rate(nightjar_suffix_lookups_total{{{S}, result=\"hit\"}}[{RI}])) / "
+                f"(sum by (nightjar_deployment) (rate(nightjar_suffix_lookups_total{{{S}}}[{RI}])) > 0)",
+                "{{nightjar_deployment}}")],
+        unit="percentunit"), w=12)
+    L.add(timeseries(
+        "Suffix trees: memory and cached outputs",
+        "Memory of each worker's suffix trees (nightjar_suffix_cache_bytes: the cross-request tree and the "
+        "running requests' trees, measured every few seconds) and the finished outputs the cross-request "
+        "tree holds (nightjar_suffix_cached_requests, bounded by the runtime config's suffix.cache_requests, "
+        "evicted oldest first; right axis).",
+        [target(f"max by (nightjar_deployment, instance) (nightjar_suffix_cache_bytes{{{S}}})", "{{instance}} bytes"),
+         target(f"max by (nightjar_deployment, instance) (nightjar_suffix_cached_requests{{{S}}})",
+                "{{instance}} cached outputs")],
+        unit="bytes", overrides=[{"matcher": {"id": "byRegexp", "options": ".* cached outputs"},
+                                  "properties": [{"id": "unit", "value": "short"},
+                                                 {"id": "custom.axisPlacement", "value": "right"}]}]), w=12)
 
     # ---- Switching --------------------------------------------------------------------------------
     L.row("Switching (speculation on/off) and C_switch")
