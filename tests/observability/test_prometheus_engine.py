@@ -104,7 +104,8 @@ def test_dashboard_and_rules_on_real_worker(stack):
     ok = prom.query('nightjar:slo_ok:5m{objective="ttft"}')["result"]
     assert ok and ok[0]["value"][1] in ("0", "1")
     for needed in ("TTFT p50 / p95 / p99 vs target", "TPOT p50 / p95 / p99 vs target", "Output tokens / s",
-                   "Gamma over time", "Steps / s per arm", "Requests waiting / running", "KV blocks: total and gained from the draft"):
+                   "Gamma over time", "Steps / s per arm", "Requests waiting / running", "KV blocks: total and gained from the draft",
+                   "Suffix trees: memory and cached outputs"):
         assert needed in data, needed
     print(f"\nreal worker: {len(set(data))} panels with data; quiet (no event in the run): {sorted(set(quiet))}; "
           f"operator-only: {sorted({t for t, _ in missing})}")

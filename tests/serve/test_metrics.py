@@ -43,6 +43,22 @@ def test_step_recording_counts_arms_switches_and_acceptance():
     assert (v("nightjar_draft_tokens_total", **n) - nd0, v("nightjar_accepted_tokens_total", **n) - na0) == (32, 6)
     assert v("nightjar_acceptance_rate", **n) == pytest.approx(6 / 32)
     assert v("nightjar_gamma_current") == 0
+    # the suffix trees: a third source, like the n-gram one (no switch of the draft model), with
+    # their lookups' hit rate and the cache's size (bytes only on the steps the worker measured it)
+    x = {"gamma": "2", "source": "suffix"}
+    sx0, h0, mi0 = (v("nightjar_steps_total", **x), v("nightjar_suffix_lookups_total", result="hit"),
+                    v("nightjar_suffix_lookups_total", result="miss"))
+    on0, off0 = v("nightjar_switches_total", direction="on"), v("nightjar_switches_total", direction="off")
+    m.observe_step(2, 8, num_draft_tokens=10, num_accepted_tokens=7, source="suffix")
+    m.observe_suffix(lookups=8, hits=5, cache_bytes=123456, cached_requests=40)
+    m.observe_step(2, 8, num_draft_tokens=4, num_accepted_tokens=1, source="suffix")
+    m.observe_suffix(lookups=8, hits=2, cache_bytes=None, cached_requests=41)
+    m.observe_step(0, 8)
+    assert v("nightjar_steps_total", **x) - sx0 == 2
+    assert v("nightjar_acceptance_rate", **x) == pytest.approx(8 / 14)
+    assert (v("nightjar_switches_total", direction="on") - on0, v("nightjar_switches_total", direction="off") - off0) == (0, 0)
+    assert (v("nightjar_suffix_lookups_total", result="hit") - h0, v("nightjar_suffix_lookups_total", result="miss") - mi0) == (7, 9)
+    assert (v("nightjar_suffix_cache_bytes"), v("nightjar_suffix_cached_requests")) == (123456, 41)
 
 
 def test_gamma_histogram_buckets_are_per_arm():
