@@ -22,13 +22,18 @@ RESTART_FIELDS = ("max_gamma", "arms", "bucket_edges", "max_batch")
 REBUILD_FIELDS = ("policy", "static_gamma", "gamma_table", "seed", "paper_mode", "ngram_arms", "static_source")
 
 
+# The bounds of a latency target, milliseconds (the CRD's spec.slo takes them from here).
+TTFT_P95_MS_MAX = 3_600_000
+TPOT_P95_MS_MAX = 600_000
+
+
 class SloTarget(BaseModel):
     """Latency targets (milliseconds, p95). ``tpot_p95_ms`` bounds the planner's arm choice."""
 
     model_config = ConfigDict(extra="forbid")
 
-    ttft_p95_ms: int | None = Field(None, gt=0, description="time to first token, p95, milliseconds")
-    tpot_p95_ms: int | None = Field(None, gt=0, description="time per output token, p95, milliseconds")
+    ttft_p95_ms: int | None = Field(None, ge=1, le=TTFT_P95_MS_MAX, description="time to first token, p95, milliseconds")
+    tpot_p95_ms: int | None = Field(None, ge=1, le=TPOT_P95_MS_MAX, description="time per output token, p95, milliseconds")
 
 
 class SuffixConfig(BaseModel):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+from nightjar_contract.planner import DEFAULT_MAX_GAMMA, MAX_GAMMA
+from nightjar_contract.runtime import TPOT_P95_MS_MAX, TTFT_P95_MS_MAX
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -25,7 +27,7 @@ ABS_PATH_PATTERN = r"^/\S*$"
 REL_PATH_PATTERN = r"^[^/\s]\S*$|^$"
 CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
-MAX_SCHEMA_GAMMA = 64  # structural bound; what a worker supports is checked semantically
+MAX_SCHEMA_GAMMA = MAX_GAMMA  # structural bound; what a worker supports is checked semantically
 
 
 class _Model(BaseModel):
@@ -203,7 +205,7 @@ class SpeculationSpec(_Model):
     policy: Literal["nightjar", "nosd", "static", "ucb"] = "nightjar"
     """Gamma policy: nightjar (the contextual bandit) or a baseline (nosd: never speculate; static: always
     staticGamma; ucb: a context-free bandit)."""
-    max_gamma: int = Field(4, ge=0, le=MAX_SCHEMA_GAMMA)
+    max_gamma: int = Field(DEFAULT_MAX_GAMMA, ge=0, le=MAX_SCHEMA_GAMMA)
     """K, the largest speculation length; the planner's arms are gamma in 0..K."""
     arms: list[Annotated[int, Field(ge=0, le=MAX_SCHEMA_GAMMA)]] | None = Field(
         None, min_length=1, max_length=MAX_SCHEMA_GAMMA + 1
@@ -432,9 +434,9 @@ class RoutingSpec(_Model):
 class SloSpec(_Model):
     """Latency objectives; the planner respects tpotP95Ms, the fleet loop reports attainment (SLOMet)."""
 
-    ttft_p95_ms: int | None = Field(None, ge=1, le=3_600_000)
+    ttft_p95_ms: int | None = Field(None, ge=1, le=TTFT_P95_MS_MAX)
     """Time to first token, p95, milliseconds."""
-    tpot_p95_ms: int | None = Field(None, ge=1, le=600_000)
+    tpot_p95_ms: int | None = Field(None, ge=1, le=TPOT_P95_MS_MAX)
     """Time per output token, p95, milliseconds."""
     attainment: float = Field(0.99, ge=0, le=1)
     """Objective: fraction of requests that must meet the targets (0..1)."""
