@@ -33,9 +33,12 @@ from nightjar_worker.planner.policy import StepFeedback
 from nightjar_worker.sim.profile import CostProfile
 from nightjar_worker.sim.regret import RegretEnv, batch_contexts, cumulative_regret, loglog_slope
 from nightjar_worker.sim.simulator import Simulator
+from nightjar_worker.sim.sources import SourceTable
 from nightjar_worker.sim.workload import Workload, dynamic_trace, make_requests
 
+from benchmarks import sources_fidelity
 from benchmarks.common import is_quick, print_result, print_table, results_dir, save_plot, write_json
+from benchmarks.sources_fidelity import agreement, fidelity
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROFILE = ROOT / "profiles" / "roofline-h100-7b.json"
@@ -141,7 +144,96 @@ def capacity_rps(profile_path: str, quick: bool) -> float:
     return res.throughput_tok_s / wl.mean_output_tokens()
 
 
-REGRET_POLICIES = {"nightjar": {}, "nightjar (paper)": {"paper_mode": True}, "ucb": {"policy": "ucb"}}
+# -- speculation sources: every (source, gamma) arm --------------------------------------------
+SOURCE_SHAPES = ("low", "mid", "high", "saturated", "dynamic", "bursty")
+SOURCE_SEEDS = 8  # traces per cell, QUICK too (shorter traces there)
+SOURCE_SIZES = {"low": (40, 150), "mid": (120, 500), "high": (220, 900), "saturated": (450, 1800),
+                "dynamic": (120, 450), "bursty": (160, 600)}
+
+
+def source_specs(sources: SourceTable) -> dict[str, dict]:
+    """Every static arm of every source, Nightjar over all of them, and the multi-source oracle."""
+    specs: dict[str, dict] = {"nosd": {"policy": "nosd"}}
+    for src in sources.names():
+        for k in range(1, K + 1):
+            specs[f"{src}-{k}"] = {"policy": "static", "static_gamma": k, "static_source": src}
+    specs["nightjar"] = {"policy": "nightjar", "ngram_arms": list(range(1, K + 1))}
+    specs["oracle"] = {"policy": "oracle"}
+    return specs
+
+
+def source_trace(shape: str, cap_rps: float, quick: bool) -> tuple[list[tuple[float, float]], float]:
+    """(rate trace, warm-up seconds): the steady loads and the dynamic ramp as ``load_trace``; bursty
+    = four bursts at 90 % of capacity, each followed by as long a lull at 5 %."""
+    n = SOURCE_SIZES[shape][0 if quick else 1]
+    if shape != "bursty":
+        f = {"low": 0.05, "mid": 0.3, "high": 0.7, "saturated": 1.5}
+        if shape in f:
+            rate = f[shape] * cap_rps
+            dur = n / rate
+            return [(dur, rate)], (0.3 if shape == "saturated" else 0.2) * dur
+        lo, hi = 0.05 * cap_rps, 0.9 * cap_rps
+        phase = n / hi
+        return dynamic_trace(lo, hi, phase), 0.5 * phase
+    burst = n / 4 / (0.9 * cap_rps)
+    return [(burst, 0.9 * cap_rps), (burst, 0.05 * cap_rps)] * 4, 0.5 * burst
+
+
+def run_source_one(args: tuple[str, str, dict, list, float, int]) -> dict:
+    profile_path, name, spec, trace, warm, seed = args
+    profile = CostProfile.load(profile_path)
+    sources = SourceTable.for_profile(profile)
+    cfg = PlannerConfig(max_gamma=K, max_batch=profile.max_batch, seed=seed, **spec)
+    pol = (OraclePolicy(cfg, profile, Workload().category_weights(), sources=sources) if cfg.policy == "oracle"
+           else build_policy(cfg, profile))
+    res = Simulator(profile, make_requests(trace, seed), seed=seed, sources=sources).run(pol, measure_from_s=warm)
+    return {"policy": name, "latency": res.mean_token_latency_s, "throughput": res.throughput_tok_s,
+            "arm_steps": res.arm_steps}
+
+
+def sources_study(profile_path: str, cap: float, quick: bool, pool: ProcessPoolExecutor, out: Path, tag: str) -> dict:
+    """Every policy over every (source, gamma) on each shape, ``SOURCE_SEEDS`` traces each: mean
+    per-token latency, Nightjar against the multi-source oracle and the best static arm in hindsight."""
+    profile = CostProfile.load(profile_path)
+    specs = source_specs(SourceTable.for_profile(profile))
+    tasks = []
+    for shape in SOURCE_SHAPES:
+        trace, warm = source_trace(shape, cap, quick)
+        for name, spec in specs.items():
+            for seed in range(1, 1 + SOURCE_SEEDS):
+                tasks.append((shape, (profile_path, name, spec, trace, warm, seed)))
+    lat: dict[str, dict[str, list[float]]] = {sh: {} for sh in SOURCE_SHAPES}
+    arms: dict[str, dict[str, int]] = {sh: {} for sh in SOURCE_SHAPES}
+    for (shape, _), r in zip(tasks, pool.map(run_source_one, [t for _, t in tasks]), strict=True):
+        lat[shape].setdefault(r["policy"], []).append(r["latency"])
+        if r["policy"] == "nightjar":
+            for a, n in r["arm_steps"].items():
+                arms[shape][a] = arms[shape].get(a, 0) + n
+    mean = {sh: {p: statistics.fmean(v) for p, v in by.items()} for sh, by in lat.items()}
+    statics = [p for p in specs if p not in ("nightjar", "oracle")]
+    best = {sh: min(statics, key=m.__getitem__) for sh, m in mean.items()}
+    rows = [[p, *(f"{mean[sh][p] * 1e3:.3f} ({mean[sh][p] / mean[sh]['oracle']:.3f})" for sh in SOURCE_SHAPES)]
+            for p in specs]
+    rows.append(["best static", *(best[sh] for sh in SOURCE_SHAPES)])
+    print_table(
+        f"Sources ({tag}): mean per-token latency ms (x multi-source oracle)", ["policy", *SOURCE_SHAPES], rows,
+        out / f"sources-{tag}.md",
+        notes=f"Mean of {SOURCE_SEEDS} traces per cell. Arms: gamma 0, the draft model's gamma 1..{K} and every "
+              "calibrated host source's (sim/sources.json). Oracle: per batch, the arm of least expected loss over "
+              "every (source, gamma), C_switch guarded for the draft only. Shapes: low/mid/high/saturated = 5/30/70/150 % "
+              "of the capacity, dynamic = 5 -> 90 -> 5 %, bursty = 4 bursts at 90 % and lulls at 5 %. " + source_note(profile),
+    )
+    print("nightjar's steps per arm: " + "; ".join(
+        f"{sh} " + " ".join(f"{a}:{n}" for a, n in sorted(arms[sh].items())) for sh in SOURCE_SHAPES))
+    vs_oracle = {sh: mean[sh]["oracle"] / mean[sh]["nightjar"] for sh in SOURCE_SHAPES}
+    vs_static = {sh: mean[sh][best[sh]] / mean[sh]["nightjar"] for sh in SOURCE_SHAPES}
+    return {"oracle_ratio": min(vs_oracle.values()), "best_static_ratio": min(vs_static.values()),
+            "per_shape_oracle": vs_oracle, "per_shape_best_static": vs_static, "best_static": best,
+            "latency_ms": {sh: {p: v * 1e3 for p, v in m.items()} for sh, m in mean.items()}, "nightjar_arms": arms}
+
+
+REGRET_POLICIES = {"nightjar": {}, "nightjar (paper)": {"paper_mode": True}, "ucb": {"policy": "ucb"},
+                   "nightjar (sources)": {"ngram_arms": list(range(1, K + 1))}}
 
 
 def regret_one(args: tuple[str, str, int, int]) -> tuple[str, list[float], float, list[float]]:
@@ -150,8 +242,10 @@ def regret_one(args: tuple[str, str, int, int]) -> tuple[str, list[float], float
     profile = CostProfile.load(profile_path)
     wl = Workload().category_weights()
     cfg = PlannerConfig(max_gamma=K, max_batch=profile.max_batch, seed=seed, **REGRET_POLICIES[name])
-    env = RegretEnv(profile, wl, cfg.resolved_arms(), batch_contexts(n, seed, profile.max_batch), seed=seed)
-    oracle = env.run(OraclePolicy(cfg, profile, wl))
+    # with n-gram arms: every (source, gamma), against the multi-source oracle
+    srcs = SourceTable.for_profile(profile) if cfg.ngram_arms else None
+    env = RegretEnv(profile, wl, cfg.resolved_arms(), batch_contexts(n, seed, profile.max_batch), seed=seed, sources=srcs)
+    oracle = env.run(OraclePolicy(cfg, profile, wl, sources=srcs))
     run = env.run(build_policy(cfg, profile), time_decisions=(name == "nightjar"))
     return name, cumulative_regret(run.losses_s, oracle.losses_s), oracle.time_s, run.decide_s
 
@@ -280,6 +374,10 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
     lat_oracle = max(nj[ld]["latency"] / results[ld]["oracle"]["latency"] for ld in LOADS)
     lat_static = max(nj[ld]["latency"] / min(results[ld][s]["latency"] for s in statics) for ld in LOADS)
     slope, decide_us, rdet = regret_study(profile_path, quick, out, tag, pool)
+    src = sources_study(profile_path, cap, quick, pool, out, tag)
+    src["regret_exponent"] = rdet["slopes"]["nightjar (sources)"]
+    print(f"sources ({tag}): nightjar vs multi-source oracle (latency, worst shape) {src['oracle_ratio']:.4f}, "
+          f"vs best static arm {src['best_static_ratio']:.4f}, regret exponent {src['regret_exponent']:.3f}")
     ov = overhead(profile)
     print_table(f"Decision overhead ({tag}), microseconds", ["policy", "decide p50", "decide p99", "observe p50"], ov,
                 out / f"overhead-{tag}.md")
@@ -292,6 +390,7 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
         "regret_exponent": slope, "decide_us": decide_us, "latency_vs_oracle_worst": lat_oracle,
         "seeds": len(seeds), "best_static_ratio_per_seed": spread,
         "latency_vs_best_static_worst": lat_static, "regret": rdet, "results": results, "quick": quick,
+        "sources": src,
     }
     write_json(out / f"summary-{tag}.json", summary)
     return summary
@@ -308,6 +407,17 @@ def main(argv: list[str] | None = None) -> int:
         profiles += sorted(f for f in glob.glob(str(ROOT / "profiles" / "cpu-*.json")) if not f.endswith(".details.json"))
     out = results_dir("planner/quick" if quick else "planner")
     t0 = time.time()
+    rows = fidelity()
+    n_cells, best_alike, pairs_alike = agreement(rows)
+    print_table(
+        "Sources: measured (bench-ngram, real engine) vs simulated tok/s per static arm",
+        ["pair", "setting", "group", "c", "arm", "measured", "simulated", "rank measured", "rank simulated"],
+        [[r["pair"], r["setting"], r["group"], r["c"], r["arm"], r["measured"], round(r["simulated"], 1),
+          r["rank_measured"], r["rank_simulated"]] for r in rows],
+        out / "sources-fidelity.md",
+        notes=f"{n_cells} cells; best arm alike in {best_alike}; arm pairs ordered alike: {pairs_alike} %. "
+              + (sources_fidelity.__doc__ or "").split("\n\n")[1].replace("\n", " "),
+    )
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         summaries = [bench_profile(p, quick, pool, out) for p in profiles]
     for s in summaries[1:]:
@@ -315,11 +425,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['best_static_ratio']:.4f} regret_exponent={s['regret_exponent']:.3f} decide_us={s['decide_us']:.2f}")
     print(f"(bench-planner took {time.time() - t0:.1f} s, QUICK={int(quick)}; results in {out})")
     s = summaries[0]
+    # the sources' keys: the worst over every profile and shape (the issue's targets hold on each)
     print_result(
         oracle_ratio=round(s["oracle_ratio"], 4),
         best_static_ratio=round(s["best_static_ratio"], 4),
         regret_exponent=round(s["regret_exponent"], 3),
         decide_us=round(s["decide_us"], 2),
+        sources_oracle_ratio=round(min(x["sources"]["oracle_ratio"] for x in summaries), 4),
+        sources_best_static_ratio=round(min(x["sources"]["best_static_ratio"] for x in summaries), 4),
+        sources_regret_exponent=round(max(x["sources"]["regret_exponent"] for x in summaries), 3),
     )
     return 0
 

@@ -116,6 +116,11 @@ class PlannerConfig(BaseModel):
     prefill_correction: bool = Field(
         True, description="subtract the learnt cost of prefill tokens merged into a step from its loss"
     )
+    pool_yield: bool = Field(
+        True,
+        description="read a (bucket, arm)'s loss over the arm's tokens per request pooled over every bucket "
+        "(acceptance is the source's and the content's, not the batch's) instead of its own few draws",
+    )
     amortise_draft_prefill: bool = Field(
         True,
         description="charge the running draft's prefill to gamma > 0 as a smooth per-token cost (its "

@@ -25,11 +25,11 @@ CASES = {  # name -> PlannerConfig fields, toggling the draft's availability eve
     "priors": ({}, 0),
 }
 PINNED = {
-    "default": "5a51e1e1436c162e",
+    "default": "15b76839e6392325",
     "paper": "35427659cfa1dd7c",
-    "ngram-offload": "dc4abf7367788c7b",  # the simulator draws n-gram steps from its source table
-    "slo": "56b6602ade99bf94",
-    "priors": "1aa2240d19a7c46e",
+    "ngram-offload": "d2701badb71e47e2",  # the simulator draws n-gram steps from its source table
+    "slo": "388bfc6988160052",
+    "priors": "e621b232a5af585c",
 }
 
 

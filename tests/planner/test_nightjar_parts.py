@@ -278,3 +278,54 @@ def test_arms_are_draft_gammas_then_ngram_ones_and_gamma_0_is_one_arm():
     assert a.drafting == (False, True, True, True, False, False)
     assert a.of("ngram", 0) == a.of("draft", 0) == 0 and a.of("ngram", 3) == 5 and a.of("ngram", 1) is None
     assert a.draft_index() == {0: 0, 1: 1, 2: 2, 3: 3} and a.gammas() == (0, 1, 2, 3)
+
+
+# -- TokenYield: tokens per request pooled over buckets ------------------------------------------
+def test_token_yield_pools_tokens_per_request_and_waits_for_enough():
+    from nightjar_worker.planner.nightjar.yields import TokenYield
+
+    y = TokenYield(2, halflife_steps=10_000, min_requests=7)
+    y.observe(1, 6, 4)  # 4 requests, 1.5 tokens each
+    assert y.per_request(1) is None and y.rescale(1, 2.0) == 1.0  # too few requests: the cell's own stands
+    y.observe(1, 10, 4)  # 8 requests, 16 tokens: 2 per request
+    assert y.per_request(1) == pytest.approx(2.0, rel=1e-3)
+    # a cell whose own draws came out lucky (3 per request) is read over the pooled yield
+    assert y.rescale(1, 3.0) == pytest.approx(1.5, rel=1e-3)
+    assert y.per_request(0) is None
+
+
+def test_token_yield_forgets_with_its_half_life():
+    from nightjar_worker.planner.nightjar.yields import TokenYield
+
+    y = TokenYield(1, halflife_steps=4, min_requests=1)
+    for _ in range(40):
+        y.observe(0, 1, 1)  # 1 token per request
+    for _ in range(40):
+        y.observe(0, 3, 1)  # content changed: 3 per request
+    assert y.per_request(0) == pytest.approx(3.0, rel=0.01)
+
+
+def test_pooled_yield_separates_near_tied_arms_with_noisy_tokens():
+    """Two arms whose time per request differs by 4 %, tokens per request a noisy draw: reading each
+    bucket's loss over the pooled yield ranks them right in buckets where the own draws do not."""
+    import random
+
+    from nightjar_contract.planner import PlannerConfig
+    from nightjar_worker.planner.nightjar import NightjarPolicy
+    from nightjar_worker.planner.policy import StepFeedback
+
+    wrong = {}
+    for pool in (False, True):
+        pol = NightjarPolicy(PlannerConfig(max_gamma=2, arms=[1, 2], pool_yield=pool, seed=0))
+        rng = random.Random(3)
+        for g, t in ((1, 1.0), (2, 1.04)):  # one arm, then the other (a step raising gamma is a fill)
+            for _ in range(31):
+                for b in (1, 2, 4, 8, 16, 32):
+                    tokens = sum(1 + (rng.random() < 0.6) for _ in range(b))  # same yield for both arms
+                    pol.observe(StepFeedback(batch_size=b, gamma=g, step_time_s=t * b, tokens_emitted=tokens,
+                                             num_draft_tokens=b * g, num_accepted_tokens=tokens - b))
+        wrong[pool] = 0
+        for b in (1, 2, 4, 8, 16, 32):
+            est = pol.estimates(b)
+            wrong[pool] += est[("draft", 1)] >= est[("draft", 2)]  # type: ignore[operator]
+    assert wrong[True] == 0 and wrong[True] < wrong[False]

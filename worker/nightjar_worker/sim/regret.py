@@ -27,16 +27,19 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from nightjar_worker.planner.policy import GammaPolicy, StepFeedback
+from nightjar_worker.planner.policy import GammaPolicy, SourcePolicy, StepFeedback
 from nightjar_worker.sim.profile import CostProfile
+from nightjar_worker.sim.sources import DRAFT, Source, SourceTable
 
 
-def token_moments(gamma: int, weights: dict[str, float], profile: CostProfile) -> tuple[float, float]:
-    """Mean and variance of tokens emitted per request (accepted + 1) under the category mix."""
+def token_moments(gamma: int, weights: dict[str, float], profile: CostProfile,
+                  source: Source | None = None) -> tuple[float, float]:
+    """Mean and variance of tokens emitted per request (accepted + 1) under the category mix
+    (acceptance of ``source``; default the profile's draft)."""
     tot = sum(weights.values())
     m1 = m2 = 0.0
     for cat, w in weights.items():
-        a = profile.alpha(cat)
+        a = profile.alpha(cat) if source is None else source.acceptance(profile, cat)
         for k in range(gamma + 1):
             p = a**k * (1 - a) if k < gamma else a**gamma
             m1 += w / tot * p * (k + 1)
@@ -75,27 +78,31 @@ class RegretEnv:
         seed: int = 0,
         noise_cv: float = 0.03,
         context_tokens: int = 320,
+        sources: SourceTable | None = None,
     ) -> None:
         self.profile = profile
         self.context_tokens = context_tokens
         self.contexts = contexts
         self.seed = seed
         self.noise_cv = noise_cv
-        self.moments = {g: token_moments(g, weights, profile) for g in arms}
-        self._t: dict[tuple[int, int], float] = {}
+        # arms are (source, gamma): the draft's gammas, and every other source's gammas > 0
+        self.sources = sources or SourceTable.draft_only()
+        keys = [(DRAFT, g) for g in arms] + [(s, g) for s in self.sources.names() if s != DRAFT for g in arms if g > 0]
+        self.moments = {k: token_moments(k[1], weights, profile, self.sources[k[0]]) for k in keys}
+        self._t: dict[tuple[str, int, int], float] = {}
         self._best: dict[int, float] = {}
 
-    def _step_time(self, b: int, g: int) -> float:
-        v = self._t.get((b, g))
+    def _step_time(self, b: int, g: int, src: str = DRAFT) -> float:
+        v = self._t.get((src, b, g))
         if v is None:
-            v = self._t[(b, g)] = self.profile.step_time(b, g)
+            v = self._t[(src, b, g)] = self.sources[src].step_time(self.profile, b, g)
         return v
 
     def best_cost_per_token(self, b: int) -> float:
         """c*(b): the best arm's expected step time per expected token at batch ``b``."""
         v = self._best.get(b)
         if v is None:
-            v = self._best[b] = min(self._step_time(b, g) / (b * m) for g, (m, _) in self.moments.items())
+            v = self._best[b] = min(self._step_time(b, g, s) / (b * m) for (s, g), (m, _) in self.moments.items())
         return v
 
     def run(self, policy: GammaPolicy, time_decisions: bool = False) -> RegretRun:
@@ -105,8 +112,9 @@ class RegretEnv:
         cv = self.noise_cv
         out = RegretRun()
         losses = out.losses_s
-        last, lag = 0, 0.0
+        last, lag = False, 0.0  # last: whether the previous step ran the draft
         clock = time.perf_counter
+        picks = isinstance(policy, SourcePolicy)
         for b in self.contexts:
             z1, z2 = rng.gauss(0.0, 1.0), rng.gauss(0.0, 1.0)
             if time_decisions:
@@ -115,16 +123,18 @@ class RegretEnv:
                 out.decide_s.append(clock() - t0)
             else:
                 g = policy.decide(b)
-            m, v = self.moments[g]
-            st = self._step_time(b, g) * min(max(1.0 + cv * z1, 0.5), 1.5)
+            src = policy.source() if picks and g > 0 else DRAFT
+            drafting = g > 0 and self.sources[src].runs_draft
+            m, v = self.moments[(src if g > 0 else DRAFT, g)]
+            st = self._step_time(b, g, src) * min(max(1.0 + cv * z1, 0.5), 1.5)
             tokens = max(b, round(b * m + z2 * math.sqrt(b * v)))
             sw, caught = 0.0, None
             # what the draft lacks of the running contexts (the engine reports it at gamma 0)
             lacks = min(lag, b * self.context_tokens)
-            if g > 0 and last == 0 and losses:
+            if drafting and not last and losses:
                 caught = lacks
                 sw = prof.switch_cost(caught)
-            lag = lag + tokens if g == 0 else 0.0
+            lag = lag + tokens if not drafting else 0.0
             losses.append(st + sw - tokens * self.best_cost_per_token(b))
             out.time_s += st + sw
             policy.observe(
@@ -132,10 +142,10 @@ class RegretEnv:
                     batch_size=b, gamma=g, step_time_s=st, tokens_emitted=tokens,
                     num_draft_tokens=b * g, num_accepted_tokens=tokens - b, switch_cost_s=sw,
                     catchup_tokens=None if caught is None else round(caught),
-                    draft_lag_tokens=round(lacks) if g == 0 else None,
+                    draft_lag_tokens=round(lacks) if not drafting else None, source=src,
                 )
             )
-            last = g
+            last = drafting
         return out
 
 

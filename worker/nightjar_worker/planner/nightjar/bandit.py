@@ -43,7 +43,7 @@ NIGHTJAR = Scheme(switch_cost=SwitchCost, pruned_exploration=True, ratio_of_sums
 PAPER = Scheme(switch_cost=PaperSwitchCost, pruned_exploration=False, ratio_of_sums=False, detect_fill=False,
                guard_flips=False, warm_schedule=False)
 _PAPER_OFF = {"share_neighbours": False, "eliminate": False, "monotone_prior": False, "hysteresis": 0.0,
-              "normalise_batch": False, "growing_window": False, "prefill_correction": False,
+              "normalise_batch": False, "growing_window": False, "prefill_correction": False, "pool_yield": False,
               "min_acceptance": 0.0}
 
 
@@ -95,7 +95,8 @@ class NightjarPolicy:
         self._slo, self._hyst = k.slo_tpot_s, k.hysteresis
         self.estimator.configure(correct_prefill=k.prefill_correction, share=k.share_neighbours,
                                  share_weight=k.share_weight, normalise=k.normalise_batch, discount=k.discount,
-                                 growing_window=k.growing_window, ratio_of_sums=self.scheme.ratio_of_sums)
+                                 growing_window=k.growing_window, ratio_of_sums=self.scheme.ratio_of_sums,
+                                 pool_yield=k.pool_yield)
         self.prefill.configure(amortise=k.prefill_correction and k.amortise_draft_prefill)
         self._step_price = self.prefill.amortise and k.step_prefill_price
         for gate in self.gates.values():

@@ -29,7 +29,7 @@ class Cell:
     ``tok_sum`` give loss_sum / count and prompt_sum / count; ``cost_sum``, ``cost_sq_sum``,
     ``cost_tok_sum``, ``tok_sq_sum``: sums of a, a^2, a*b, b^2 (a = a step's cost, its loss x
     tokens; b = its tokens) for the noise of the ratio-of-sums mean; ``tok_sum``: tokens;
-    ``tpot_sum``: per-request time per token; ``prior_count``, ``prior_loss_sum``: the prior's
+    ``tpot_sum``: per-request time per token; ``req_sum``: requests (batch sizes); ``prior_count``, ``prior_loss_sum``: the prior's
     count and loss sum (same scaling).
     Not weighted: ``steps`` (undiscounted observations), ``prompt_centre``, ``time_centre``
     (moving means of the cell's prompt tokens and step time, the centre of the within-cell
@@ -37,15 +37,15 @@ class Cell:
 
     __slots__ = ("steps", "count", "loss_sum", "cost_sum", "cost_sq_sum", "cost_tok_sum", "tok_sq_sum",
                  "tok_sum", "tpot_sum", "prompt_sum", "time_sum", "prompt_tok_sum", "prior_count",
-                 "prior_loss_sum", "prompt_centre", "time_centre")
+                 "prior_loss_sum", "prompt_centre", "time_centre", "req_sum")
     WEIGHTED = ("count", "loss_sum", "cost_sum", "cost_sq_sum", "cost_tok_sum", "tok_sq_sum", "tok_sum",
-                "tpot_sum", "prompt_sum", "time_sum", "prompt_tok_sum", "prior_count", "prior_loss_sum")
+                "tpot_sum", "prompt_sum", "time_sum", "prompt_tok_sum", "prior_count", "prior_loss_sum", "req_sum")
     UNWEIGHTED = ("steps", "prompt_centre", "time_centre")
 
     def __init__(self) -> None:
         self.steps = 0
         self.count = self.loss_sum = self.cost_sum = self.cost_sq_sum = self.cost_tok_sum = 0.0
-        self.tok_sq_sum = self.tok_sum = self.tpot_sum = 0.0
+        self.tok_sq_sum = self.tok_sum = self.tpot_sum = self.req_sum = 0.0
         self.prompt_sum = self.time_sum = self.prompt_tok_sum = self.prior_count = self.prior_loss_sum = 0.0
         self.prompt_centre: float | None = None
         self.time_centre = 0.0
@@ -68,6 +68,7 @@ class Cell:
         self.cost_tok_sum += w * a * tokens
         self.tok_sq_sum += w * tokens * tokens
         self.tok_sum += w * tokens
+        self.req_sum += w * max(1, batch)
         if ratio_of_sums:
             self.time_sum += w * t * normf
             self.prompt_tok_sum += w * p * normf
@@ -81,6 +82,10 @@ class Cell:
     def tokens_per_step(self, default: float) -> float:
         """Mean tokens a step of this arm emits (``default`` before it has played)."""
         return max(self.tok_sum / self.count if self.count > 0 else default, 1.0)
+
+    def tokens_per_request(self) -> float | None:
+        """Mean tokens a request gets per step of this arm in this cell (None before it has played)."""
+        return self.tok_sum / self.req_sum if self.req_sum > 0 else None
 
     def mean_tpot(self) -> float | None:
         """Per-request time per token, None before the arm has played."""

@@ -6,6 +6,8 @@
 * ``normalise``: losses are learnt as loss x batch / bucket_lo (per-token loss falls like 1/batch
   in the memory-bound regime, which otherwise confounds arms held at different batch sizes inside
   one bucket); snapshots and priors use these units (loss at the bucket's lower edge);
+* ``pool_yield``: a cell's loss is read over its arm's tokens per request pooled over every bucket
+  (``yields.py``), not over its own few geometric draws;
 * every arm that runs the draft model is charged the running draft's prefill per generated token
   (``PrefillCost.per_generated_token``), in the bucket's units.
 """
@@ -20,6 +22,7 @@ from nightjar_worker.planner.nightjar import priors as prior_rules
 from nightjar_worker.planner.nightjar.arms import ArmSet
 from nightjar_worker.planner.nightjar.cells import Bucket, less_prefill
 from nightjar_worker.planner.nightjar.prefill import PrefillCost
+from nightjar_worker.planner.nightjar.yields import TokenYield
 from nightjar_worker.planner.policy import StepFeedback
 
 
@@ -36,13 +39,16 @@ class Estimator:
         self.correct_prefill, self.share, self.share_weight, self.normalise = (
             correct_prefill, share, share_weight, normalise)
         self.discount, self.growing_window, self.ratio_of_sums = 1.0, False, True
+        self.yields = TokenYield(len(arms))
+        self.pool_yield = False
 
     def configure(self, *, correct_prefill: bool, share: bool, share_weight: float, normalise: bool,
-                  discount: float, growing_window: bool, ratio_of_sums: bool) -> None:
+                  discount: float, growing_window: bool, ratio_of_sums: bool, pool_yield: bool = False) -> None:
         """The estimation knobs (``PlannerConfig``'s, and the scheme's ``ratio_of_sums``)."""
         self.correct_prefill, self.share, self.share_weight, self.normalise = (
             correct_prefill, share, share_weight, normalise)
         self.discount, self.growing_window, self.ratio_of_sums = discount, growing_window, ratio_of_sums
+        self.pool_yield = pool_yield
 
     # -- evidence ----------------------------------------------------------------------------------
     def observe(self, c: int, i: int, step: StepFeedback, time_s: float) -> None:
@@ -64,6 +70,7 @@ class Estimator:
             loss = time_s * scale
         cell.observe(bk.w, loss=loss, tokens=tokens, time_s=time_s, prompt_tokens=p, normf=normf, batch=b,
                      ratio_of_sums=self.ratio_of_sums)
+        self.yields.observe(i, tokens, b)
         bk.discount(self.discount, self.growing_window)
 
     def fill_excess(self, c: int, step: StepFeedback) -> float | None:
@@ -114,13 +121,16 @@ class Estimator:
         """Loss sums of bucket c with the learnt prefill cost of each arm's state taken out
         (``slopes``: ``prefill.slopes()`` when the caller already has them)."""
         cells = self.buckets[c].cells
-        if not self.correct_prefill:
-            return [x.loss_sum for x in cells]
-        b_off, b_on = slopes if slopes is not None else self.prefill.slopes()
-        if b_off <= 0 and b_on <= 0:
-            return [x.loss_sum for x in cells]
-        return [less_prefill(x.loss_sum, x.prompt_sum, b_on if on else b_off)
-                for on, x in zip(self.arms.drafting, cells, strict=True)]
+        out = [x.loss_sum for x in cells]
+        if self.correct_prefill:
+            b_off, b_on = slopes if slopes is not None else self.prefill.slopes()
+            if b_off > 0 or b_on > 0:
+                out = [less_prefill(x.loss_sum, x.prompt_sum, b_on if on else b_off)
+                       for on, x in zip(self.arms.drafting, cells, strict=True)]
+        if self.pool_yield:
+            y = self.yields
+            out = [v * y.rescale(i, x.tokens_per_request()) for i, (v, x) in enumerate(zip(out, cells, strict=True))]
+        return out
 
     def estimates(self, c: int) -> tuple[list[float | None], list[float]]:
         """Smoothed mean loss and effective count per arm of bucket c (priors and neighbour evidence
