@@ -207,6 +207,11 @@ class PriorEntry(BaseModel):
     gamma: int = Field(ge=0)
     mean_loss_s: float = Field(gt=0)
     count: float = Field(1.0, ge=0)
+    source: str = Field(
+        "draft", min_length=1,
+        description="where the arm's drafts come from (the draft model, or a host source such as 'ngram'); "
+        "gamma 0 is the plain arm whatever the source",
+    )
 
 
 class PlannerPriors(BaseModel):
@@ -230,14 +235,15 @@ class PlannerPriors(BaseModel):
     @model_validator(mode="after")
     def _entries(self) -> PlannerPriors:
         edges = set(self.bucket_edges)
-        seen: set[tuple[int, int]] = set()
+        seen: set[tuple[int, int, str]] = set()
         for i, e in enumerate(self.entries):
             if e.bucket_lo not in edges:
                 raise ValueError(
                     f"entries[{i}].bucket_lo: {e.bucket_lo} is not one of bucket_edges {self.bucket_edges}"
                 )
-            key = (e.bucket_lo, e.gamma)
+            key = (e.bucket_lo, e.gamma, e.source if e.gamma > 0 else "draft")
             if key in seen:
-                raise ValueError(f"entries[{i}]: duplicate entry for bucket_lo={e.bucket_lo} gamma={e.gamma}")
+                raise ValueError(f"entries[{i}]: duplicate entry for bucket_lo={e.bucket_lo} gamma={e.gamma} "
+                                 f"source={key[2]}")
             seen.add(key)
         return self

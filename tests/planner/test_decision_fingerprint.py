@@ -25,11 +25,11 @@ CASES = {  # name -> PlannerConfig fields, toggling the draft's availability eve
     "priors": ({}, 0),
 }
 PINNED = {
-    "default": "15b76839e6392325",
-    "paper": "35427659cfa1dd7c",
-    "ngram-offload": "d2701badb71e47e2",  # the simulator draws n-gram steps from its source table
-    "slo": "388bfc6988160052",
-    "priors": "e621b232a5af585c",
+    "default": "c4d9e9e9469c27e5",
+    "paper": "ff8b78ca706caefd",
+    "ngram-offload": "f63e3717b9c4fe6e",  # the simulator draws n-gram steps from its source table
+    "slo": "1fbd18e333af463e",
+    "priors": "63666698c4b358a2",
 }
 
 

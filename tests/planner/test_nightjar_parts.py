@@ -191,7 +191,7 @@ def _bucket_with_priors(prior_means: dict[int, float], count: float = 20.0) -> B
     bk = Bucket(4, 3)
     pri = PlannerPriors(bucket_edges=[4], entries=[PriorEntry(bucket_lo=4, gamma=g, mean_loss_s=m, count=count)
                                                   for g, m in prior_means.items()])
-    load([bk], [4], {g: i for i, g in enumerate(ARMS)}, pri, cap=16.0)
+    load([bk], (4,), ArmSet.build(tuple(ARMS)), pri, cap=16.0)
     return bk
 
 

@@ -14,15 +14,21 @@ from nightjar_contract.planner import PlannerConfig, PlannerPriors, PriorEntry
 
 if TYPE_CHECKING:
     from nightjar_worker.sim.profile import CostProfile
+    from nightjar_worker.sim.sources import SourceTable
 
 
-def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: float | None = None) -> PlannerPriors:
+def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: float | None = None,
+                        sources: SourceTable | None = None) -> PlannerPriors:
     """Per bucket lower edge and arm, the profile's expected seconds per generated token at that edge
     (decode steps without prefill, the geometric acceptance of the profile's ``all`` rate): the units
     of ``NightjarPolicy.snapshot``, batch-normalised to the lower edge. Each entry is worth ``count``
     observations (default ``config.prior_max_count``, the most a prior may count for).
 
     The draft's prefill cost per prompt token travels with them (``draft_prefill_s_per_token``).
+
+    With ``sources`` (``sim/sources.py``, the pair's calibration), the ``ngram_arms`` of every host
+    source in it get entries too (their step cost and acceptance from the table), so a worker with 9+
+    arms does not start by trying each in every bucket.
 
     Buckets whose lower edge lies beyond the profiled batch sizes, and arms beyond its gammas, get no
     entry: the profile extrapolates there, and a guess would only delay the planner's own evidence."""
@@ -33,5 +39,19 @@ def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: floa
         for lo in config.edges() if lo <= top_b
         for g in config.resolved_arms() if g <= top_g
     ]
+    if sources is not None:
+        from nightjar_worker.sim.profile import expected_tokens
+
+        a = "all"
+        for name in sources.names():
+            src = sources[name]
+            if src.runs_draft:
+                continue
+            entries += [
+                PriorEntry(bucket_lo=lo, gamma=g, source=name, count=n,
+                           mean_loss_s=src.step_time(profile, lo, g) / (lo * expected_tokens(g, src.acceptance(profile, a))))
+                for lo in config.edges() if lo <= top_b
+                for g in config.ngram_arms if g <= top_g
+            ]
     dps = profile.draft_prefill_rate() or None
     return PlannerPriors(bucket_edges=list(config.edges()), entries=entries, draft_prefill_s_per_token=dps)

@@ -81,7 +81,7 @@ class Estimator:
 
     def load_priors(self, priors: PlannerPriors, cap: float) -> None:
         """Replace every bucket's priors (see ``priors.py``)."""
-        prior_rules.load(self.buckets, self.edges, self.arms.draft_index(), priors, cap)
+        prior_rules.load(self.buckets, self.edges, self.arms, priors, cap)
 
     def prior_steps(self, c: int) -> int | None:
         """Steps bucket c has played plus the steps its priors are worth; None without priors."""

@@ -24,15 +24,17 @@ from dataclasses import dataclass
 
 from nightjar_contract.planner import PlannerPriors, bucket_index
 
+from nightjar_worker.planner.nightjar.arms import ArmSet
 from nightjar_worker.planner.nightjar.cells import Bucket
 
 
-def load(buckets: list[Bucket], edges: tuple[int, ...], arm_idx: dict[int, int], priors: PlannerPriors,
+def load(buckets: list[Bucket], edges: tuple[int, ...], arms: ArmSet, priors: PlannerPriors,
          cap: float) -> None:
-    """Replace every bucket's priors with ``priors`` (entries on other edges may share a bucket)."""
+    """Replace every bucket's priors with ``priors`` (entries on other edges may share a bucket; an
+    entry of a source or gamma the planner has no arm for is ignored)."""
     merged: dict[tuple[int, int], list[float]] = {}
     for e in priors.entries:
-        i = arm_idx.get(e.gamma)
+        i = arms.of(e.source, e.gamma)
         if i is not None and e.count > 0:
             acc = merged.setdefault((bucket_index(edges, e.bucket_lo), i), [0.0, 0.0])
             acc[0] += e.count
