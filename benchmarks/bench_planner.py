@@ -28,8 +28,10 @@ from pathlib import Path
 
 from nightjar_contract.planner import DEFAULT_MAX_GAMMA
 from nightjar_worker.planner import PlannerConfig, build_policy
+from nightjar_worker.planner.nightjar import NightjarPolicy
 from nightjar_worker.planner.oracle import OraclePolicy
 from nightjar_worker.planner.policy import StepFeedback
+from nightjar_worker.planner.profile_priors import priors_from_profile
 from nightjar_worker.sim.profile import CostProfile
 from nightjar_worker.sim.regret import RegretEnv, batch_contexts, cumulative_regret, loglog_slope
 from nightjar_worker.sim.simulator import Simulator
@@ -158,6 +160,7 @@ def source_specs(sources: SourceTable) -> dict[str, dict]:
         for k in range(1, K + 1):
             specs[f"{src}-{k}"] = {"policy": "static", "static_gamma": k, "static_source": src}
     specs["nightjar"] = {"policy": "nightjar", "ngram_arms": list(range(1, K + 1))}
+    specs["nightjar (profile priors)"] = {**specs["nightjar"], "_warm": True}
     specs["oracle"] = {"policy": "oracle"}
     return specs
 
@@ -183,9 +186,12 @@ def run_source_one(args: tuple[str, str, dict, list, float, int]) -> dict:
     profile_path, name, spec, trace, warm, seed = args
     profile = CostProfile.load(profile_path)
     sources = SourceTable.for_profile(profile)
-    cfg = PlannerConfig(max_gamma=K, max_batch=profile.max_batch, seed=seed, **spec)
+    fields = {k: v for k, v in spec.items() if not k.startswith("_")}
+    cfg = PlannerConfig(max_gamma=K, max_batch=profile.max_batch, seed=seed, **fields)
     pol = (OraclePolicy(cfg, profile, Workload().category_weights(), sources=sources) if cfg.policy == "oracle"
            else build_policy(cfg, profile))
+    if spec.get("_warm") and isinstance(pol, NightjarPolicy):  # the worker's profile and source calibration
+        pol.set_priors(priors_from_profile(profile, cfg, sources=sources))
     res = Simulator(profile, make_requests(trace, seed), seed=seed, sources=sources).run(pol, measure_from_s=warm)
     return {"policy": name, "latency": res.mean_token_latency_s, "throughput": res.throughput_tok_s,
             "arm_steps": res.arm_steps}
@@ -203,14 +209,14 @@ def sources_study(profile_path: str, cap: float, quick: bool, pool: ProcessPoolE
             for seed in range(1, 1 + SOURCE_SEEDS):
                 tasks.append((shape, (profile_path, name, spec, trace, warm, seed)))
     lat: dict[str, dict[str, list[float]]] = {sh: {} for sh in SOURCE_SHAPES}
-    arms: dict[str, dict[str, int]] = {sh: {} for sh in SOURCE_SHAPES}
+    arms: dict[str, dict[str, int]] = {sh: {} for sh in SOURCE_SHAPES}  # both Nightjar rows
     for (shape, _), r in zip(tasks, pool.map(run_source_one, [t for _, t in tasks]), strict=True):
         lat[shape].setdefault(r["policy"], []).append(r["latency"])
-        if r["policy"] == "nightjar":
+        if r["policy"].startswith("nightjar"):
             for a, n in r["arm_steps"].items():
                 arms[shape][a] = arms[shape].get(a, 0) + n
     mean = {sh: {p: statistics.fmean(v) for p, v in by.items()} for sh, by in lat.items()}
-    statics = [p for p in specs if p not in ("nightjar", "oracle")]
+    statics = [p for p in specs if not p.startswith(("nightjar", "oracle"))]
     best = {sh: min(statics, key=m.__getitem__) for sh, m in mean.items()}
     rows = [[p, *(f"{mean[sh][p] * 1e3:.3f} ({mean[sh][p] / mean[sh]['oracle']:.3f})" for sh in SOURCE_SHAPES)]
             for p in specs]
@@ -227,7 +233,10 @@ def sources_study(profile_path: str, cap: float, quick: bool, pool: ProcessPoolE
         f"{sh} " + " ".join(f"{a}:{n}" for a, n in sorted(arms[sh].items())) for sh in SOURCE_SHAPES))
     vs_oracle = {sh: mean[sh]["oracle"] / mean[sh]["nightjar"] for sh in SOURCE_SHAPES}
     vs_static = {sh: mean[sh][best[sh]] / mean[sh]["nightjar"] for sh in SOURCE_SHAPES}
+    warm = "nightjar (profile priors)"
     return {"oracle_ratio": min(vs_oracle.values()), "best_static_ratio": min(vs_static.values()),
+            "warm_oracle_ratio": min(mean[sh]["oracle"] / mean[sh][warm] for sh in SOURCE_SHAPES),
+            "warm_best_static_ratio": min(mean[sh][best[sh]] / mean[sh][warm] for sh in SOURCE_SHAPES),
             "per_shape_oracle": vs_oracle, "per_shape_best_static": vs_static, "best_static": best,
             "latency_ms": {sh: {p: v * 1e3 for p, v in m.items()} for sh, m in mean.items()}, "nightjar_arms": arms}
 
@@ -377,7 +386,8 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
     src = sources_study(profile_path, cap, quick, pool, out, tag)
     src["regret_exponent"] = rdet["slopes"]["nightjar (sources)"]
     print(f"sources ({tag}): nightjar vs multi-source oracle (latency, worst shape) {src['oracle_ratio']:.4f}, "
-          f"vs best static arm {src['best_static_ratio']:.4f}, regret exponent {src['regret_exponent']:.3f}")
+          f"vs best static arm {src['best_static_ratio']:.4f}, regret exponent {src['regret_exponent']:.3f}; "
+          f"warm from the profile's priors: {src['warm_oracle_ratio']:.4f} / {src['warm_best_static_ratio']:.4f}")
     ov = overhead(profile)
     print_table(f"Decision overhead ({tag}), microseconds", ["policy", "decide p50", "decide p99", "observe p50"], ov,
                 out / f"overhead-{tag}.md")
@@ -434,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         sources_oracle_ratio=round(min(x["sources"]["oracle_ratio"] for x in summaries), 4),
         sources_best_static_ratio=round(min(x["sources"]["best_static_ratio"] for x in summaries), 4),
         sources_regret_exponent=round(max(x["sources"]["regret_exponent"] for x in summaries), 3),
+        sources_warm_oracle_ratio=round(min(x["sources"]["warm_oracle_ratio"] for x in summaries), 4),
     )
     return 0
 
