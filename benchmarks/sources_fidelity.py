@@ -4,9 +4,9 @@ Measured: the committed ``make bench-ngram`` tables (``benchmarks/results/ngram*
 closed loop at concurrency c, 48 output tokens at most, prompts of two groups of Spec-Bench
 categories, settings ``resident`` and ``tight`` (the draft offloaded)). Simulated: the same cell in
 ``sim/`` on the pair's measured CPU profile with the source table (``sim/sources.json``): every
-request arrives at t=0 and ``max_batch`` = c (a closed loop), 3c requests after an unmeasured wave of
-c, prompts drawn from the group's categories, 48 output tokens, acceptance per category from the
-calibration. tok/s = output tokens / time to the last finish.
+request arrives at t=0 and ``max_batch`` = c (a closed loop), 4c requests (the stationary rate, the
+first wave included), prompts drawn from the group's categories, 48 output tokens, acceptance per
+category from the calibration. tok/s = output tokens / time to the last finish (4 request draws).
 """
 
 from __future__ import annotations
