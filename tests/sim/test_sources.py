@@ -150,3 +150,21 @@ def test_the_sources_oracle_is_no_worse_than_any_static_arm_in_the_simulator():
                       "ngram-2": _static(prof, 2, "ngram")}.items():
         lat[name] = Simulator(prof, reqs, sources=table, seed=5).run(pol).mean_token_latency_s
     assert lat["oracle"] <= min(v for k, v in lat.items() if k != "oracle") * 1.01
+
+
+def test_the_regret_environment_counts_every_source_against_the_multi_source_oracle():
+    from nightjar_worker.sim.regret import RegretEnv, batch_contexts
+
+    prof = CostProfile.load(BUNDLED)
+    table = SourceTable.for_profile(prof)
+    wl = Workload().category_weights()
+    cfg = PlannerConfig(max_gamma=4, max_batch=prof.max_batch, ngram_arms=[1, 2, 3, 4])
+    env = RegretEnv(prof, wl, cfg.resolved_arms(), batch_contexts(3000, 1, prof.max_batch), seed=1, sources=table)
+    assert ("ngram", 2) in env.moments and ("draft", 2) in env.moments
+    oracle = env.run(OraclePolicy(cfg, prof, wl, sources=table))
+    ngram = env.run(_static(prof, 2, "ngram"))
+    draft = env.run(_static(prof, 2))
+    # the draft is never accepted on this pair: its arm loses far more than prompt lookup's
+    assert sum(oracle.losses_s) < sum(ngram.losses_s) < sum(draft.losses_s)
+    # c*(B) is over every source: the oracle's steps cost about what the best arm needs (noise only)
+    assert abs(sum(oracle.losses_s)) < 0.05 * oracle.time_s
