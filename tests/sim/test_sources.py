@@ -164,7 +164,9 @@ def test_the_regret_environment_counts_every_source_against_the_multi_source_ora
     oracle = env.run(OraclePolicy(cfg, prof, wl, sources=table))
     ngram = env.run(_static(prof, 2, "ngram"))
     draft = env.run(_static(prof, 2))
-    # the draft is never accepted on this pair: its arm loses far more than prompt lookup's
-    assert sum(oracle.losses_s) < sum(ngram.losses_s) < sum(draft.losses_s)
+    # the draft is never accepted on this pair: its arm loses far more than prompt lookup's (which is
+    # the oracle's choice at every batch here)
+    assert sum(oracle.losses_s) <= sum(ngram.losses_s) + 1e-9
+    assert sum(ngram.losses_s) + 0.1 * ngram.time_s < sum(draft.losses_s)
     # c*(B) is over every source: the oracle's steps cost about what the best arm needs (noise only)
     assert abs(sum(oracle.losses_s)) < 0.05 * oracle.time_s
