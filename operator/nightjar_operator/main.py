@@ -12,8 +12,8 @@ import kopf
 
 from nightjar_operator import constants as c
 from nightjar_operator.handlers import fleet_loop
-from nightjar_operator.handlers import reconcile as rec
 from nightjar_operator.handlers import settings as cfg
+from nightjar_operator.handlers import sync as rec
 from nightjar_operator.metrics import metrics
 
 # Level-based resync: repairs drift even if every event was missed.

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from helpers import wait_for
 from nightjar_operator.fleet.aggregate import aggregate, extract
-from nightjar_operator.handlers.fleet import FleetSettings, PodTarget, scrape_direct, scrape_prometheus
+from nightjar_operator.handlers.fleet_tick import FleetSettings, PodTarget, scrape_direct, scrape_prometheus
 
 pytestmark = pytest.mark.prometheus
 

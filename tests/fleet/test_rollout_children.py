@@ -6,8 +6,8 @@ import pytest
 from nightjar_operator import constants as c
 from nightjar_operator.crd.models import NightjarDeploymentSpec
 from nightjar_operator.fleet.rollout import plan, stable_spec
-from nightjar_operator.handlers.fleet import FleetSettings
-from nightjar_operator.handlers.rollout import candidate_children, desired_revision
+from nightjar_operator.handlers.fleet_tick import FleetSettings
+from nightjar_operator.handlers.rollout_io import candidate_children, desired_revision
 from nightjar_operator.reconcile.children import Owner
 
 
@@ -16,6 +16,7 @@ def spec(draft: str = "draft-1", replicas: int = 4) -> NightjarDeploymentSpec:
         "target": {"name": "t", "source": {"imagePath": "/models/t"}},
         "draft": {"name": draft, "source": {"imagePath": f"/models/{draft}"}},
         "replicas": replicas,
+        "image": "ghcr.io/nightjar-dev/nightjar-worker:0.1.0-cpu",
         "rollout": {"steps": [25, 100], "analysisWindowSeconds": 60},
     })  # fmt: skip
 

@@ -545,7 +545,7 @@ def test_least_privilege_service_account(cl: Cluster, k8s, monkeypatch):
 def test_a_namespace_being_deleted_is_left_alone(cl: Cluster):
     """A child removed while its namespace goes away: the reconcile does not try to re-create it in
     vain (the apiserver refuses with 403 NamespaceTerminating) and reports no error."""
-    from nightjar_operator.handlers import reconcile as rec
+    from nightjar_operator.handlers import sync as rec
 
     name = "going"
     cl.apply(cr(name, replicas=1))

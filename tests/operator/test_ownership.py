@@ -6,7 +6,7 @@ import copy
 
 import pytest
 from nightjar_operator import constants as c
-from nightjar_operator.handlers.reconcile import conflicts
+from nightjar_operator.handlers.sync import conflicts
 from nightjar_operator.reconcile import diff
 from nightjar_operator.reconcile.children import Owner, desired_config_map, desired_service
 from nightjar_operator.reconcile.status import Observed, compute_status, get_condition

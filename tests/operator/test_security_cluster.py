@@ -12,7 +12,7 @@ import yaml
 from helpers import condition, cr, free_port, wait_for
 from kopf.testing import KopfRunner
 from nightjar_operator import constants as c
-from nightjar_operator.handlers import reconcile as rec
+from nightjar_operator.handlers import sync as rec
 from nightjar_operator.handlers import webhook
 from nightjar_operator.handlers.k8s import Api, make_api_client
 from nightjar_operator.handlers.settings import ENV_EXTRA_VOLUME_TYPES

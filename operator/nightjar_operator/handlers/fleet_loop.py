@@ -1,4 +1,4 @@
-"""One asyncio task drives the fleet tick (``handlers.fleet.tick``) of every NightjarDeployment.
+"""One asyncio task drives the fleet tick (``handlers.fleet_tick.tick``) of every NightjarDeployment.
 
 A kopf daemon per object held a thread for the object's whole life, so the thread pool, not the
 cluster, bounded the fleet: about 60 objects exhausted 64 threads and starved the reconcile. Here one
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from nightjar_operator import constants as c
-from nightjar_operator.handlers import fleet
+from nightjar_operator.handlers import fleet_tick as fleet
 from nightjar_operator.handlers.k8s import Api
 from nightjar_operator.metrics import metrics
 

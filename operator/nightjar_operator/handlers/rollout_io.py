@@ -1,6 +1,6 @@
 """Rollout I/O: the candidate revision's children, the state in ``status.rollout``, events.
 
-Called by the fleet timer once per tick (``handlers.fleet.tick``) with the pods' current scrapes. The
+Called by the fleet timer once per tick (``handlers.fleet_tick.tick``) with the pods' current scrapes. The
 decisions come from the pure state machine ``fleet.rollout.plan``; here we
 
 - measure the current analysis window per track (baselines kept in the fleet memo; lost baselines
@@ -285,7 +285,7 @@ def tick(api: Api, body: dict[str, Any], spec: NightjarDeploymentSpec, current: 
     if changed_state:
         # The stable Deployment follows the new state (pair, share of replicas): reconcile it now.
         try:
-            from nightjar_operator.handlers.reconcile import reconcile
+            from nightjar_operator.handlers.sync import reconcile
 
             fresh = api.get(c.KIND, namespace, name)
             if fresh is not None:

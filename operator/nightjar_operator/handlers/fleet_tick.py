@@ -15,7 +15,7 @@ once per interval. Each tick:
    track's ConfigMap key ``nightjar.yaml`` (the worker watches it; new pods mount it and start warm),
    only when they changed materially;
 4. evaluates the SLO and writes the ``SLOMet`` condition and ``status.fleet``;
-5. hands the per-track analysis-window stats to ``handlers.rollout``.
+5. hands the per-track analysis-window stats to ``handlers.rollout_io``.
 
 Everything persistent lives in the object's status; the loop's per-object ``FleetMemo`` only holds
 scrape history, so an operator restart (or a new leader) loses nothing but the current window's
@@ -280,7 +280,7 @@ def tick(api: Api, body: dict[str, Any], fm: FleetMemo, now: float | None = None
          settings: FleetSettings | None = None) -> None:
     """One round of the fleet loop for one NightjarDeployment (see the module docstring). ``body``
     must be fresh (the rollout state in its status is read from it)."""
-    from nightjar_operator.handlers import rollout as rollout_handler
+    from nightjar_operator.handlers import rollout_io as rollout_handler
     from nightjar_operator.handlers.settings import pod_policy
     from nightjar_operator.reconcile.validate import validate
 
