@@ -51,14 +51,8 @@ async def test_without_a_key_nothing_is_asked(monkeypatch):
         assert (await c.post("/invocations", json={})).status_code == 200
 
 
-def test_the_worker_asks_vllm_for_the_middleware(tmp_path, monkeypatch):
-    t, d = tmp_path / "t", tmp_path / "d"
-    for p in (t, d):
-        p.mkdir()
-        (p / "config.json").write_text("{}")
-    cfg = tmp_path / "nightjar.yaml"
-    cfg.write_text("planner: {max_gamma: 3}\n")
-    monkeypatch.setenv("NIGHTJAR_CONFIG", str(cfg))
+def test_the_worker_asks_vllm_for_the_middleware(pair):
+    t, d = pair
     args, rest = build_parser().parse_known_args(["--model", str(t), "--draft", str(d)])
     av = vllm_argv(args, rest)
     middleware = [av[i + 1] for i, a in enumerate(av) if a == "--middleware"]

@@ -10,20 +10,6 @@ from nightjar_worker.engine.engine_args import NIGHTJAR_SCHEDULER_CLS
 from nightjar_worker.serve import build_parser, parse_spec_table, vllm_argv
 
 
-@pytest.fixture
-def pair(tmp_path, monkeypatch):
-    t, d = tmp_path / "target", tmp_path / "draft"
-    for p in (t, d):
-        p.mkdir()
-        (p / "config.json").write_text("{}")
-    cfg = tmp_path / "nightjar.yaml"
-    cfg.write_text("planner: {max_gamma: 3}\n")
-    monkeypatch.setenv("NIGHTJAR_CONFIG", str(cfg))
-    monkeypatch.setenv("NIGHTJAR_MODEL", str(t))
-    monkeypatch.setenv("NIGHTJAR_DRAFT", str(d))
-    return t, d
-
-
 def argv(*a):
     args, rest = build_parser().parse_known_args(list(a))
     return vllm_argv(args, rest)
