@@ -120,25 +120,35 @@ REPEATING = ["Repeat this list three times, exactly: apples, pears, plums, figs,
              "Spell out the numbers one to ten in words, then again in reverse order."]
 
 
-@pytest.mark.parametrize("schedule", ["n3", "n3x3,3x3,0x2,n2x2,3x2,n1"])
-def test_ngram_drafts_are_lossless_and_leave_the_draft_to_catch_up(nightjar_llm, reference_outputs, steps,
-                                                                   schedule) -> None:
-    """Prompt-lookup drafts from the same engine, alone and switching with the draft model and gamma 0:
-    greedy output equals plain decoding; an n-gram step runs no draft forward, and the draft's next
-    proposal first catches up on what those steps added."""
+@pytest.fixture(scope="module")
+def repeating_plain(nightjar_llm) -> list[tuple[list[int], list[float]]]:
+    """Plain decoding of ``REPEATING`` (gamma 0: lossless above), 40 tokens, with margins."""
     force(nightjar_llm, [0])
-    plain = generate_margins(nightjar_llm, REPEATING, 40)  # gamma 0: plain decoding (lossless above)
-    steps.steps.clear()
-    force(nightjar_llm, schedule)
+    return generate_margins(nightjar_llm, REPEATING, 40)
+
+
+def _check_lossless(llm, reference_outputs, repeating_plain, schedule: str) -> None:
+    """The lossless prompts and ``REPEATING`` under ``schedule`` against plain decoding."""
+    force(llm, schedule)
     texts = prompts() + REPEATING
-    got = generate_ids(nightjar_llm, texts, 40)
-    want = [None] * len(prompts()) + plain
+    got = generate_ids(llm, texts, 40)
+    want = [None] * len(prompts()) + repeating_plain
     for t, ids, ref in zip(texts, got, want, strict=True):
         if ref is None:
             why = lossless_mismatch(ids[:LOSSLESS_MAX_TOKENS], *reference_outputs[t])
             assert why is None, f"{schedule}: {t[:40]!r} {why}"
         else:
             assert (why := lossless_mismatch(ids, *ref)) is None, f"{schedule}: {t[:40]!r} {why}"
+
+
+@pytest.mark.parametrize("schedule", ["n3", "n3x3,3x3,0x2,n2x2,3x2,n1"])
+def test_ngram_drafts_are_lossless_and_leave_the_draft_to_catch_up(nightjar_llm, reference_outputs, repeating_plain,
+                                                                   steps, schedule) -> None:
+    """Prompt-lookup drafts from the same engine, alone and switching with the draft model and gamma 0:
+    greedy output equals plain decoding; an n-gram step runs no draft forward, and the draft's next
+    proposal first catches up on what those steps added."""
+    steps.steps.clear()
+    _check_lossless(nightjar_llm, reference_outputs, repeating_plain, schedule)
     s = steps.steps
     ngram = [x for x in s if x.source == "ngram"]
     assert ngram and all(x.draft_forwards == 0 and x.draft_lag_tokens is not None for x in ngram)
@@ -154,3 +164,65 @@ def test_ngram_drafts_are_lossless_and_leave_the_draft_to_catch_up(nightjar_llm,
     own = [x for x in s if x.verified_source == "draft" and x.num_draft_tokens]
     if "," in schedule:
         assert _acceptance(own) >= 0.9, f"the draft's own drafts: acceptance {_acceptance(own):.2f}"
+
+
+def _suffix_metric(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.mark.parametrize("schedule", ["s3", "s3x3,3x3,0x2,n2x2,s2x2,3x2,n1,s1"])
+def test_suffix_drafts_are_lossless_and_switch_with_the_other_sources(nightjar_llm, reference_outputs,
+                                                                      repeating_plain, steps, schedule) -> None:
+    """Suffix-tree drafts from the same engine, alone and switching among all three sources and gamma 0:
+    greedy output equals plain decoding; a suffix step runs no draft forward (the draft catches up
+    after it, as after an n-gram step); its drafts are ragged and accepted."""
+    hits0 = _suffix_metric("nightjar_suffix_lookups_total", result="hit")
+    steps.steps.clear()
+    _check_lossless(nightjar_llm, reference_outputs, repeating_plain, schedule)
+    s = steps.steps
+    sfx = [x for x in s if x.source == "suffix"]
+    assert sfx and all(x.draft_forwards == 0 and x.draft_lag_tokens is not None for x in sfx)
+    verified = [b for a, b in zip(s, s[1:], strict=False) if a.source == "suffix" and b.num_draft_tokens]
+    assert verified and all(b.verified_source == "suffix" for b in verified)
+    # these prompts ran before in this engine (and the REPEATING ones repeat themselves): the trees
+    # draft most of their greedy output
+    assert _acceptance(verified) >= 0.6, f"suffix acceptance {_acceptance(verified):.2f}"
+    resumes = [b for a, b in zip(s, s[1:], strict=False) if a.source == "suffix" and b.gamma > 0 and b.source == "draft"]
+    if "," in schedule:
+        assert resumes and all((b.catchup_tokens or 0) > 0 for b in resumes)
+        own = [x for x in s if x.verified_source == "draft" and x.num_draft_tokens]
+        assert _acceptance(own) >= 0.9, f"the draft's own drafts: acceptance {_acceptance(own):.2f}"
+    assert _suffix_metric("nightjar_suffix_lookups_total", result="hit") > hits0
+
+
+NOVEL = ["Describe, in four sentences, how a lighthouse keeper might spend a stormy winter night."]
+
+
+def test_suffix_drafts_from_an_earlier_requests_output(nightjar_llm, steps) -> None:
+    """A request asked again drafts from the first answer, cached in the cross-request tree: most of
+    the second answer is drafted and accepted (the first one, on a novel prompt, is not), the
+    cache's size and contents are exported, and the drafts are ragged (capped by the match)."""
+    from nightjar_worker.engine import inproc
+
+    force(nightjar_llm, "s3")
+    first = generate_ids(nightjar_llm, NOVEL, 48, ignore_eos=True)
+    a = list(steps.steps)
+    steps.steps.clear()
+    second = generate_ids(nightjar_llm, NOVEL, 48, ignore_eos=True)
+    b = list(steps.steps)
+    assert second[:16] == first[:16]  # bf16 near-ties may part them later (lossless_mismatch)
+    rate_first = sum(x.num_accepted_tokens for x in a) / sum(x.tokens_emitted for x in a)
+    rate_second = sum(x.num_accepted_tokens for x in b) / sum(x.tokens_emitted for x in b)
+    assert rate_second >= 0.5 and rate_second > rate_first + 0.2, (rate_first, rate_second)
+    assert len(b) < 0.6 * len(a), f"{len(a)} steps, then {len(b)}"
+    drafted = [x.num_draft_tokens for x in b if x.num_draft_tokens]
+    assert drafted and max(drafted) <= 3 and min(drafted) < 3  # ragged: the first match is short
+    d = inproc.model_runner(nightjar_llm)._nightjar_suffix
+    size = d.cache_bytes()
+    assert size > 0 and len(d.cache.cached_requests) >= 2
+    assert _suffix_metric("nightjar_suffix_cached_requests") == len(d.cache.cached_requests)
+    assert _suffix_metric("nightjar_suffix_cache_bytes") > 0
+    print(f"suffix cache: {len(d.cache.cached_requests)} cached outputs, {size} bytes; accepted/token "
+          f"{rate_first:.2f} -> {rate_second:.2f}, steps {len(a)} -> {len(b)}")
