@@ -375,3 +375,17 @@ def test_arctic_plugin_stays_off() -> None:
     assert "arctic_inference.vllm.plugin" in mods and not any("patches" in m for m in mods)
     assert foreign_plugin_problem({}) is None
     assert "ARCTIC_INFERENCE_ENABLED" in (foreign_plugin_problem({"ARCTIC_INFERENCE_ENABLED": "1"}) or "")
+
+
+def test_a_policy_swapped_in_after_a_suffix_step_takes_its_feedback() -> None:
+    """The engine hands the next policy the step that verifies the last one's drafts (a forced
+    schedule's suffix drafts, say): the planner knows every source the engine drafts from."""
+    from nightjar_contract.planner import PlannerConfig
+    from nightjar_worker.planner import build_policy
+    from nightjar_worker.planner.policy import SOURCES, StepFeedback
+
+    assert {src for src, _ in parse_schedule("3,n3,s3")} <= set(SOURCES)
+    pol = build_policy(PlannerConfig(policy="nightjar", max_gamma=3))
+    pol.decide(1)
+    pol.observe(StepFeedback(batch_size=1, gamma=3, step_time_s=0.01, tokens_emitted=3, num_draft_tokens=3,
+                             num_accepted_tokens=2, source="draft", drafts_source="suffix"))

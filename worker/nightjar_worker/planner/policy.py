@@ -74,9 +74,10 @@ class StepFeedback:
         return (self.step_time_s + self.switch_cost_s) / max(1, self.tokens_emitted)
 
 
-# Where drafts come from: the draft model, or prompt lookup (n-gram matches in the request's own
-# tokens: no weights, no KV cache, so it runs while the draft is offloaded).
-SOURCES = ("draft", "ngram")
+# Where drafts come from: the draft model, prompt lookup (n-gram matches in the request's own
+# tokens) or suffix trees (engine/suffix.py: the request's and earlier outputs); the last two need no
+# weights and no KV cache, so they run while the draft is offloaded.
+SOURCES = ("draft", "ngram", "suffix")
 
 
 @runtime_checkable
