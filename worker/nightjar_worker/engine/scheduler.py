@@ -207,7 +207,7 @@ class NightjarScheduler(Scheduler):
         )
         self.nightjar_step += 1
         self.nightjar_control.observe(rec)
-        metrics = self.nightjar_control.metrics
+        metrics = getattr(self.nightjar_control, "metrics", None)
         if worker is not None and metrics is not None and worker.suffix_cached_requests is not None:
             metrics.observe_suffix(worker.suffix_lookups, worker.suffix_hits, worker.suffix_cache_bytes,
                                    worker.suffix_cached_requests)
