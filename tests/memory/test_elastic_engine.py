@@ -210,11 +210,16 @@ def test_ngram_drafts_run_while_the_draft_is_offloaded(tmp_path):
         assert drafted > 0 and accepted > 0, (drafted, accepted)  # zeros as drafts: none ever accepted
 
 
-def test_an_ngram_step_after_gamma_0_verifies_no_zeros_while_the_draft_is_offloaded(tmp_path):
+def test_model_free_steps_after_gamma_0_verify_no_zeros_while_the_draft_is_offloaded(tmp_path):
     # the gamma-0 steps in between hand the scheduler no drafts (not vLLM's zeros), so the n-gram
-    # steps verify prompt-lookup drafts only and nothing is counted as the draft model's
-    with _engine(tmp_path, "0,n3x3", "offloaded") as (engine, _, trace, prom):
+    # and suffix steps verify prompt-lookup and suffix-tree drafts only (accepted ones) and nothing
+    # is counted as the draft model's; the suffix trees keep learning while the draft is away
+    with _engine(tmp_path, "0,n3x3,s3x3", "offloaded") as (engine, _, trace, prom):
         drive_until(engine, trace, "offloaded")
         generate(engine, "ngram", prompts=REPEATING, max_tokens=40)
+        generate(engine, "again", prompts=REPEATING, max_tokens=40)  # drafts from the first answers
+        assert {e["state"] for e in _trace(trace) if "step" in e} <= {"offloading", "offloaded"}
         assert metric(prom, "nightjar_draft_tokens_total", source="ngram") > 0
+        assert metric(prom, "nightjar_accepted_tokens_total", source="suffix") > 0
+        assert metric(prom, "nightjar_suffix_lookups_total", result="hit") > 0
         assert metric(prom, "nightjar_draft_tokens_total", source="draft") == 0
