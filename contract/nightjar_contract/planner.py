@@ -116,6 +116,11 @@ class PlannerConfig(BaseModel):
     prefill_correction: bool = Field(
         True, description="subtract the learnt cost of prefill tokens merged into a step from its loss"
     )
+    source_first: bool = Field(
+        True,
+        description="with several draft sources, a bucket explores a source not yet tried there before another "
+        "gamma of a tried one, and skips the untried gammas of a source whose tried ones all lose by over 25 %",
+    )
     pool_yield: bool = Field(
         True,
         description="read a (bucket, arm)'s loss over the arm's tokens per request pooled over every bucket "

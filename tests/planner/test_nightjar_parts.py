@@ -259,6 +259,33 @@ def test_exploration_tries_what_the_bucket_has_not_and_the_paper_draws_uniformly
     assert {uni.choose(k, True, None) for _ in range(50)} == {0, 1, 2} and uni.hold(k, 2, 5, True) == 5
 
 
+def test_source_then_gamma_skips_the_other_gammas_of_a_clearly_losing_source():
+    """Arms: gamma 0, draft 1-2, n-gram 1-2. In a bucket where draft gamma 1 lost by 60 %, the untried
+    draft gamma 2 is not explored; an untried source's arm is tried before another gamma of a tried one."""
+    est = Estimator((1, 2, 4), ArmSet.build((0, 1, 2), (1, 2)), PrefillCost(amortise=False, catchup_rate=lambda: None),
+                    share=False)
+    sched = [Schedule() for _ in est.buckets]
+    flips = FlipPricer(est, SwitchCost(3), Dwell(32.0), Excursions(3, 32.0), 32)
+    _observe(est.buckets[1], 0, 0.010, steps=10)
+    _observe(est.buckets[1], 1, 0.016, steps=10)  # draft gamma 1: 60 % worse than gamma 0
+    means, counts = est.estimates(1)
+    eff = list(means)
+    picks = set()
+    for on in (True, False):
+        ex = PrunedExplorer(random.Random(0), est.arms, est, sched, flips, monotone=False, eliminate=False,
+                            source_first=on)
+        k = Candidates(c=1, cand=[0, 1, 2, 3, 4], means=means, counts=counts, eff=eff, best=0)
+        picks.add((on, frozenset(ex.choose(k, on_now=False, slo=None) for _ in range(40))))
+    assert (True, frozenset({3, 4})) in picks  # n-gram's arms, never draft gamma 2
+    assert any(not on and 2 in p for on, p in picks)  # without it, draft gamma 2 is explored too
+    # once n-gram gamma 1 has been tried and holds its own, n-gram gamma 2 is still worth a try
+    _observe(est.buckets[1], 3, 0.011, steps=10)
+    means, counts = est.estimates(1)
+    ex = PrunedExplorer(random.Random(0), est.arms, est, sched, flips, monotone=False, eliminate=False)
+    k = Candidates(c=1, cand=[0, 1, 2, 3, 4], means=means, counts=counts, eff=list(means), best=0)
+    assert ex.choose(k, on_now=False, slo=None) == 4
+
+
 def test_the_monotone_prior_keeps_exploration_between_the_neighbours_best_arms():
     est = _estimator(share=False)
     sched = [Schedule() for _ in est.buckets]

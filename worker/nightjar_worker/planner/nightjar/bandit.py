@@ -104,7 +104,8 @@ class NightjarPolicy:
                            halflife_steps=k.acceptance_halflife_steps, z=k.confidence_z)
         self.switch.configure(override=k.switch_cost_s)
         self.flips.configure(amortise_steps=k.switch_amortise_steps)
-        self.explorer.configure(monotone=k.monotone_prior, eliminate=k.eliminate, z=k.confidence_z)
+        self.explorer.configure(monotone=k.monotone_prior, eliminate=k.eliminate, z=k.confidence_z,
+                                source_first=k.source_first)
 
     def apply_config(self, config: PlannerConfig) -> None:
         """Runtime update of the exploration knobs, SLO and switch-cost override (same arms, buckets

@@ -26,6 +26,7 @@ from nightjar_worker.planner.nightjar.schedule import Schedule
 
 _ESTABLISHED = 32.0  # effective observations before a bucket's best arm constrains its neighbours
 MIN_ELIMINATE = 4.0  # an arm is never ruled out on fewer (effective) observations
+SOURCE_MARGIN = 0.25  # a source whose tried gammas all lose by more than this has its others skipped
 
 
 @dataclass
@@ -47,7 +48,7 @@ class UniformExplorer:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
 
-    def configure(self, *, monotone: bool, eliminate: bool, z: float) -> None:
+    def configure(self, *, monotone: bool, eliminate: bool, z: float, source_first: bool = True) -> None:
         """Nothing to set: the paper's draw has no knobs."""
 
     def choose(self, k: Candidates, on_now: bool, slo: float | None) -> int | None:
@@ -70,9 +71,10 @@ class PrunedExplorer:
     z: float = 2.0
     monotone: bool = True
     eliminate: bool = True
+    source_first: bool = True
 
-    def configure(self, *, monotone: bool, eliminate: bool, z: float) -> None:
-        self.monotone, self.eliminate, self.z = monotone, eliminate, z
+    def configure(self, *, monotone: bool, eliminate: bool, z: float, source_first: bool = True) -> None:
+        self.monotone, self.eliminate, self.z, self.source_first = monotone, eliminate, z, source_first
 
     def choose(self, k: Candidates, on_now: bool, slo: float | None) -> int | None:
         """The arm to explore, or None when nothing is worth it."""
@@ -112,11 +114,34 @@ class PrunedExplorer:
             pool = [i for i in pool if overlaps(i)]
             if pool == [best]:
                 return []
+        if self.source_first and best_eff is not None and len(set(self.arms.source)) > 1:  # several sources
+            pool = self._sources_worth_trying(k, pool, best_eff)
+            if pool == [best] or not pool:
+                return []
         return pool
+
+    def _sources_worth_trying(self, k: Candidates, pool: list[int], best_eff: float) -> list[int]:
+        """Source, then gamma: a source's untried gammas are not explored in a bucket where every
+        gamma of it tried there loses to the best arm by more than ``SOURCE_MARGIN`` (a source's
+        loss is unimodal in gamma and its gammas share the acceptance, so one clearly losing gamma
+        says the others lose too; a cold bucket would otherwise try every arm of every source)."""
+        src, g, eff = self.arms.source, self.arms.gamma, k.eff
+        tried: dict[str, float] = {}
+        for i in range(len(eff)):
+            e = eff[i]
+            if g[i] > 0 and e is not None and not self.est.untried(k.c, i):
+                tried[src[i]] = min(tried.get(src[i], math.inf), e)
+        bar = best_eff * (1.0 + SOURCE_MARGIN)
+        return [i for i in pool
+                if g[i] == 0 or not self.est.untried(k.c, i) or tried.get(src[i], -math.inf) <= bar]
 
     def _pick(self, k: Candidates, pool: list[int]) -> int:
         others = [i for i in pool if i != k.best] or pool
         untried = [i for i in others if self.est.untried(k.c, i)]
+        if untried and self.source_first:  # a source not tried in this bucket first
+            src = self.arms.source
+            seen = {src[i] for i in range(len(self.arms)) if self.arms.gamma[i] > 0 and not self.est.untried(k.c, i)}
+            untried = [i for i in untried if src[i] not in seen] or untried
         if untried:
             return untried[0] if len(untried) == 1 else self.rng.choice(untried)
         z, cv, eff, counts = self.z, self.est.cvs(k.c), k.eff, k.counts
