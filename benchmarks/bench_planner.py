@@ -57,6 +57,7 @@ ABLATIONS = {
     "- hysteresis": {"hysteresis": 0.0},
     "- batch normalisation": {"normalise_batch": False},
     "- prefill correction": {"prefill_correction": False},
+    "- pooled yield": {"pool_yield": False},
 }
 LOADS = ("low", "mid", "high", "saturated", "dynamic")
 SEEDS = (2, 5)  # traces per cell (quick, full)
