@@ -45,6 +45,9 @@ $(ARCTIC_STAMP): $(STAMP)
 	set -e; tag=$$($(PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])'); \
 	dir=$(CACHE)/wheels/arctic-inference-$(ARCTIC_VERSION)-$$tag; \
 	if ! ls $$dir/arctic_inference-*.whl >/dev/null 2>&1; then \
+	  $(PY) -c 'import os, sysconfig, sys; sys.exit(not os.path.isfile(sysconfig.get_paths()["include"] + "/Python.h"))' \
+	    && command -v c++ >/dev/null || { echo "building arctic-inference (the suffix source) needs Python's headers" \
+	    "and a C++20 compiler: apt-get install python3-dev g++ (Debian/Ubuntu)" >&2; exit 1; }; \
 	  tools=$$(mktemp -d); \
 	  $(PIP) install -q --no-warn-conflicts --target $$tools $(ARCTIC_TOOLS); \
 	  PATH=$(abspath $(VENV))/bin:$$tools/bin:$$PATH PYTHONPATH=$$tools \
