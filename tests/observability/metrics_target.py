@@ -70,6 +70,8 @@ def main() -> int:
                               tokens_emitted=batch + accepted, num_draft_tokens=gamma * batch,
                               num_accepted_tokens=accepted, switch_cost_s=switch))
         prev_gamma = gamma
+        # The suffix trees look up every request each step (the engine reports it with the step).
+        m.observe_suffix(batch, sum(1 for _ in range(batch) if rng.random() < 0.3), 8192 * batch, batch)
         if not go.exists():
             time.sleep(0.004)
             t0 = time.monotonic()
