@@ -64,13 +64,19 @@ class PlannerConfig(BaseModel):
         description="gammas (1..K) also offered with prompt-lookup (n-gram) drafts: no draft model, no KV "
         "memory, available while the draft is offloaded; empty: draft-model arms only",
     )
+    suffix_arms: list[int] = Field(
+        default_factory=list,
+        description="gammas (1..K) also offered with suffix-tree drafts (the request's and earlier outputs; "
+        "drafts of up to gamma tokens per request): no draft model, no KV memory; empty: none",
+    )
     bucket_edges: list[int] | None = Field(
         None, description="ascending lower edges of batch-size buckets; default log-spaced up to max_batch"
     )
     max_batch: int = Field(256, ge=1)
     static_gamma: int | None = Field(None, description="gamma for policy 'static' (default K)")
-    static_source: Literal["draft", "ngram"] = Field(
-        "draft", description="where policy 'static' takes its drafts: the draft model or prompt lookup (n-gram)"
+    static_source: Literal["draft", "ngram", "suffix"] = Field(
+        "draft", description="where policy 'static' takes its drafts: the draft model, prompt lookup (n-gram) "
+        "or the suffix trees"
     )
     gamma_table: dict[int, int] | None = Field(
         None, description="batch size -> gamma (vLLM num_speculative_tokens_per_batch_size semantics)"
@@ -172,13 +178,14 @@ class PlannerConfig(BaseModel):
             if len(set(self.arms)) != len(self.arms):
                 raise ValueError(f"arms: duplicate values in {self.arms}")
             self.arms = sorted(self.arms)
-        if self.ngram_arms:
-            bad = [a for a in self.ngram_arms if a < 1 or a > k]
+        for name in ("ngram_arms", "suffix_arms"):
+            vals = getattr(self, name)
+            bad = [a for a in vals if a < 1 or a > k]
             if bad:
-                raise ValueError(f"ngram_arms: values must lie in 1..max_gamma={k} (got {bad})")
-            if len(set(self.ngram_arms)) != len(self.ngram_arms):
-                raise ValueError(f"ngram_arms: duplicate values in {self.ngram_arms}")
-            self.ngram_arms = sorted(self.ngram_arms)
+                raise ValueError(f"{name}: values must lie in 1..max_gamma={k} (got {bad})")
+            if len(set(vals)) != len(vals):
+                raise ValueError(f"{name}: duplicate values in {vals}")
+            setattr(self, name, sorted(vals))
         if self.bucket_edges is None:
             self.bucket_edges = default_bucket_edges(self.max_batch)
         if self.static_gamma is not None and not 0 <= self.static_gamma <= k:
@@ -197,6 +204,10 @@ class PlannerConfig(BaseModel):
 
     def resolved_arms(self) -> tuple[int, ...]:
         return tuple(self.arms) if self.arms is not None else tuple(range(self.max_gamma + 1))
+
+    def host_arms(self) -> dict[str, tuple[int, ...]]:
+        """The host sources' gammas (no draft model, no KV memory), in arm order: n-gram, then suffix."""
+        return {src: tuple(g) for src, g in (("ngram", self.ngram_arms), ("suffix", self.suffix_arms)) if g}
 
     def edges(self) -> tuple[int, ...]:
         assert self.bucket_edges is not None

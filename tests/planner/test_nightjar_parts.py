@@ -262,7 +262,7 @@ def test_exploration_tries_what_the_bucket_has_not_and_the_paper_draws_uniformly
 def test_source_then_gamma_skips_the_other_gammas_of_a_clearly_losing_source():
     """Arms: gamma 0, draft 1-2, n-gram 1-2. In a bucket where draft gamma 1 lost by 60 %, the untried
     draft gamma 2 is not explored; an untried source's arm is tried before another gamma of a tried one."""
-    est = Estimator((1, 2, 4), ArmSet.build((0, 1, 2), (1, 2)), PrefillCost(amortise=False, catchup_rate=lambda: None),
+    est = Estimator((1, 2, 4), ArmSet.build((0, 1, 2), {"ngram": (1, 2)}), PrefillCost(amortise=False, catchup_rate=lambda: None),
                     share=False)
     sched = [Schedule() for _ in est.buckets]
     flips = FlipPricer(est, SwitchCost(3), Dwell(32.0), Excursions(3, 32.0), 32)
@@ -300,7 +300,7 @@ def test_the_monotone_prior_keeps_exploration_between_the_neighbours_best_arms()
 
 # -- arms ------------------------------------------------------------------------------------------------
 def test_arms_are_draft_gammas_then_ngram_ones_and_gamma_0_is_one_arm():
-    a = ArmSet.build((0, 1, 2, 3), (2, 3))
+    a = ArmSet.build((0, 1, 2, 3), {"ngram": (2, 3)})
     assert a.keys == (("draft", 0), ("draft", 1), ("draft", 2), ("draft", 3), ("ngram", 2), ("ngram", 3))
     assert a.drafting == (False, True, True, True, False, False)
     assert a.of("ngram", 0) == a.of("draft", 0) == 0 and a.of("ngram", 3) == 5 and a.of("ngram", 1) is None

@@ -26,7 +26,7 @@ def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: floa
 
     The draft's prefill cost per prompt token travels with them (``draft_prefill_s_per_token``).
 
-    With ``sources`` (``sim/sources.py``, the pair's calibration), the ``ngram_arms`` of every host
+    With ``sources`` (``sim/sources.py``, the pair's calibration), the arms of every host
     source in it get entries too (their step cost and acceptance from the table), so a worker with 9+
     arms does not start by trying each in every bucket.
 
@@ -43,15 +43,16 @@ def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: floa
         from nightjar_worker.sim.profile import expected_tokens
 
         a = "all"
+        host = config.host_arms()
         for name in sources.names():
             src = sources[name]
-            if src.runs_draft:
+            if src.runs_draft or name not in host:
                 continue
             entries += [
                 PriorEntry(bucket_lo=lo, gamma=g, source=name, count=n,
                            mean_loss_s=src.step_time(profile, lo, g) / (lo * expected_tokens(g, src.acceptance(profile, a))))
                 for lo in config.edges() if lo <= top_b
-                for g in config.ngram_arms if g <= top_g
+                for g in host[name] if g <= top_g
             ]
     dps = profile.draft_prefill_rate() or None
     return PlannerPriors(bucket_edges=list(config.edges()), entries=entries, draft_prefill_s_per_token=dps)

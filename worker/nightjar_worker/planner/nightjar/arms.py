@@ -2,12 +2,13 @@
 
 Gamma 0 is plain decoding, one arm whatever the source. Draft-model arms come first, in the
 config's order (so their indices are the gammas' positions in ``PlannerConfig.resolved_arms()``),
-then the prompt-lookup (n-gram) arms. Only a draft arm with gamma > 0 runs the draft model
+then the host sources' arms (prompt lookup, suffix trees). Only a draft arm with gamma > 0 runs the draft model
 (``drafting``): what C_switch, the draft's prefill charge and elastic memory are about.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 Key = tuple[str, int]
@@ -28,8 +29,10 @@ class ArmSet:
         object.__setattr__(self, "_index", {k: i for i, k in enumerate(self.keys)})
 
     @classmethod
-    def build(cls, draft: tuple[int, ...], ngram: tuple[int, ...] = ()) -> ArmSet:
-        return cls(tuple(("draft", g) for g in draft) + tuple(("ngram", g) for g in ngram if g > 0))
+    def build(cls, draft: tuple[int, ...], host: Mapping[str, tuple[int, ...]] | None = None) -> ArmSet:
+        """Draft-model arms, then each host source's (``PlannerConfig.host_arms()``) in its order."""
+        hosted = tuple((src, g) for src, gs in (host or {}).items() for g in gs if g > 0)
+        return cls(tuple(("draft", g) for g in draft) + hosted)
 
     def __len__(self) -> int:
         return len(self.keys)

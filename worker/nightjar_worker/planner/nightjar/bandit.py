@@ -58,7 +58,7 @@ class NightjarPolicy:
 
     def __init__(self, config: PlannerConfig) -> None:
         self.config = config
-        self.armset = ArmSet.build(config.resolved_arms(), tuple(config.ngram_arms))
+        self.armset = ArmSet.build(config.resolved_arms(), config.host_arms())
         self._arms = self.armset.gamma  # gamma per arm index
         self._edges = config.edges()
         self._lut = [bucket_index(self._edges, max(b, 1)) for b in range(config.max_batch + 1)]
@@ -110,7 +110,7 @@ class NightjarPolicy:
     def apply_config(self, config: PlannerConfig) -> None:
         """Runtime update of the exploration knobs, SLO and switch-cost override (same arms, buckets
         and scheme: those rebuild the policy)."""
-        if ArmSet.build(config.resolved_arms(), tuple(config.ngram_arms)) != self.armset or config.edges() != self._edges:
+        if ArmSet.build(config.resolved_arms(), config.host_arms()) != self.armset or config.edges() != self._edges:
             raise ValueError("arms/bucket_edges: cannot change at run time; restart the planner")
         if config.paper_mode != self.config.paper_mode:
             raise ValueError("paper_mode: a different algorithm; rebuild the policy")
