@@ -12,8 +12,7 @@
 #   IMAGES_BASE=auto|registry|debian (auto: registry when the default base pulls, else debian).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VERSION=${VERSION:-0.1.0}
-REGISTRY=${REGISTRY:-ghcr.io/nightjar-dev}
+source scripts/images/tags.sh
 CACHE=${NIGHTJAR_CACHE:-$HOME/.cache/nightjar}
 MODELS_DIR=${MODELS_DIR:-$CACHE/models}
 PIP_WHEELS=${PIP_WHEELS-$( [ -d /opt/wheels ] && echo /opt/wheels )}
@@ -33,14 +32,7 @@ case $BUILDER in
     docker)  BUILD=(docker build); INSPECT=(docker image inspect) ;;
 esac
 
-# Image names: the chart's and the CRD's defaults, so a local build needs no override.
-declare -A TAG=(
-    [operator]="$REGISTRY/nightjar-operator:$VERSION"
-    [worker-cpu]="$REGISTRY/nightjar-worker:$VERSION-cpu"
-    [worker-cuda]="$REGISTRY/nightjar-worker:$VERSION"
-    [models]="$REGISTRY/nightjar-models:smollm2-135m"
-    [pause]="localhost/nightjar/pause:3.9"
-)
+TAG[pause]="localhost/nightjar/pause:3.9"  # the local node's sandbox image, never pushed
 PY_BASE=python:3.11-slim-bookworm
 BB_BASE=busybox:1.36
 have_base() { "${INSPECT[@]}" "$1" >/dev/null 2>&1 || timeout 120 "$BUILDER" pull -q "$1" >/dev/null 2>&1; }

@@ -6,9 +6,9 @@
 #   scripts/images/kind-load.sh [cluster-name]      (default: nightjar; `make kind-up` creates it)
 set -euo pipefail
 CLUSTER=${1:-nightjar}
-VERSION=${VERSION:-0.1.0}
-REGISTRY=${REGISTRY:-ghcr.io/nightjar-dev}
-IMAGES=("$REGISTRY/nightjar-operator:$VERSION" "$REGISTRY/nightjar-worker:$VERSION-cpu" "$REGISTRY/nightjar-models:smollm2-135m")
+cd "$(dirname "$0")/../.."
+source scripts/images/tags.sh
+IMAGES=("${TAG[operator]}" "${TAG[worker-cpu]}" "${TAG[models]}")
 command -v kind >/dev/null || { echo "kind-load: 'kind' is not on the PATH" >&2; exit 1; }
 for img in "${IMAGES[@]}"; do
     if command -v docker >/dev/null && docker image inspect "$img" >/dev/null 2>&1; then

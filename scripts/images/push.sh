@@ -9,8 +9,8 @@
 # first found), DRY_RUN=1 prints the commands instead of running them. Log in to the registry first
 # (`podman login`, `docker login`). The pause image is the local node's sandbox and is not pushed.
 set -euo pipefail
-VERSION=${VERSION:-0.1.0}
-REGISTRY=${REGISTRY:-ghcr.io/nightjar-dev}
+cd "$(dirname "$0")/../.."
+source scripts/images/tags.sh
 log() { echo "[push] $*" >&2; }
 
 if [ -n "${BUILDER:-}" ]; then :
@@ -20,12 +20,6 @@ elif command -v docker >/dev/null; then BUILDER=docker
 else log "no image tool: install buildah, podman or docker"; exit 1
 fi
 
-declare -A TAG=(
-    [operator]="$REGISTRY/nightjar-operator:$VERSION"
-    [worker-cpu]="$REGISTRY/nightjar-worker:$VERSION-cpu"
-    [worker-cuda]="$REGISTRY/nightjar-worker:$VERSION"
-    [models]="$REGISTRY/nightjar-models:smollm2-135m"
-)
 want=("$@")
 [ "${#want[@]}" -gt 0 ] || want=(operator worker-cpu models)
 for name in "${want[@]}"; do
