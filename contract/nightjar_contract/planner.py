@@ -83,6 +83,11 @@ class PlannerConfig(BaseModel):
     )
     switch_cost_s: float | None = Field(None, ge=0, description="override the measured C_switch (seconds)")
     slo_tpot_s: float | None = Field(None, gt=0, description="TPOT target (seconds/token) the arm must respect")
+    slo_ttft_s: float | None = Field(
+        None, gt=0, description="TTFT target (seconds): with a target set, the planner maximises goodput (tokens of "
+        "requests meeting both targets) instead of minimising time per token (docs/planner.md, Objective)",
+    )
+    slo_attainment: float = Field(0.99, gt=0, le=1, description="fraction of requests the targets are for")
     seed: int = 0
 
     # Exploration knobs (Nightjar), all runtime-updatable.
