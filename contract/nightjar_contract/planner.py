@@ -137,6 +137,12 @@ class PlannerConfig(BaseModel):
         description="read a (bucket, arm)'s loss over the arm's tokens per request pooled over every bucket "
         "(acceptance is the source's and the content's, not the batch's) instead of its own few draws",
     )
+    source_model: bool = Field(
+        True,
+        description="share statistics across a source's gammas: yields shrunk towards the source's pooled geometric "
+        "acceptance, and an untried (source, gamma)'s loss in a bucket predicted from it and the bucket's step times "
+        "(linear in gamma per source) to rank and prune exploration",
+    )
     amortise_draft_prefill: bool = Field(
         True,
         description="charge the running draft's prefill to gamma > 0 as a smooth per-token cost (its "
