@@ -19,7 +19,8 @@ from nightjar_contract.planner import PlannerConfig, PlannerPriors
 # rolls the pods). Everything else applies live: priors, SLO, exploration knobs, switch cost, and
 # even the policy itself (``PolicyHolder`` rebuilds it on the same arms; used by benchmarks).
 RESTART_FIELDS = ("max_gamma", "arms", "bucket_edges", "max_batch")
-REBUILD_FIELDS = ("policy", "static_gamma", "gamma_table", "seed", "paper_mode", "ngram_arms", "static_source")
+REBUILD_FIELDS = ("policy", "static_gamma", "gamma_table", "seed", "paper_mode", "ngram_arms", "suffix_arms",
+                  "static_source")
 
 
 # The bounds of a latency target, milliseconds (the CRD's spec.slo takes them from here).

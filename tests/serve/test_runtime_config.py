@@ -237,6 +237,27 @@ def test_engine_control_tells_the_memory_manager_what_the_policy_wants_of_the_dr
     ctl.close()
 
 
+def test_adding_suffix_arms_live_rebuilds_the_policy_with_them(tmp_path, monkeypatch):
+    # new arms are a new policy (the bandit's arm set is fixed for its life); the suffix source is
+    # then played while the draft is away, like prompt lookup
+    from nightjar_worker.engine.control import EngineControl
+
+    monkeypatch.delenv("NIGHTJAR_FORCE_GAMMA", raising=False)
+    path = tmp_path / "c.yaml"
+    write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(ngram_arms=[1, 2])))
+    ctl = EngineControl(4, config_path=path, poll_s=0, snapshot_every_s=3600.0)
+    write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(ngram_arms=[1, 2], suffix_arms=[2, 3])))
+    assert ctl.watcher.check()
+    assert ("suffix", 3) in ctl.policy.armset.keys
+    ctl.set_draft_available(False)
+    seen = set()
+    for _ in range(200):
+        g, _ = ctl.decide(1)
+        seen.add(ctl.source if g else "none")
+    assert "suffix" in seen and "draft" not in seen
+    ctl.close()
+
+
 def test_engine_control_counts_prior_conflicts(tmp_path, monkeypatch):
     # A worker twice as slow as its priors on every arm: the planner rescales them to its level
     # (nightjar_planner_prior_conflicts_total{action="rescaled"}), after dropping the first arm tried.
