@@ -154,13 +154,18 @@ SOURCE_SIZES = {"low": (40, 150), "mid": (120, 500), "high": (220, 900), "satura
                 "dynamic": (120, 450), "bursty": (160, 600)}
 
 
+def host_arm_fields(sources: SourceTable) -> dict[str, list[int]]:
+    """Nightjar's arms over every calibrated host source (``ngram_arms``, ``suffix_arms``: gamma 1..K)."""
+    return {f"{s}_arms": list(range(1, K + 1)) for s in sources.names() if not sources[s].runs_draft}
+
+
 def source_specs(sources: SourceTable) -> dict[str, dict]:
     """Every static arm of every source, Nightjar over all of them, and the multi-source oracle."""
     specs: dict[str, dict] = {"nosd": {"policy": "nosd"}}
     for src in sources.names():
         for k in range(1, K + 1):
             specs[f"{src}-{k}"] = {"policy": "static", "static_gamma": k, "static_source": src}
-    specs["nightjar"] = {"policy": "nightjar", "ngram_arms": list(range(1, K + 1))}
+    specs["nightjar"] = {"policy": "nightjar", **host_arm_fields(sources)}
     specs["nightjar (profile priors)"] = {**specs["nightjar"], "_warm": True}
     specs["oracle"] = {"policy": "oracle"}
     return specs
@@ -243,7 +248,7 @@ def sources_study(profile_path: str, cap: float, quick: bool, pool: ProcessPoolE
 
 
 REGRET_POLICIES = {"nightjar": {}, "nightjar (paper)": {"paper_mode": True}, "ucb": {"policy": "ucb"},
-                   "nightjar (sources)": {"ngram_arms": list(range(1, K + 1))}}
+                   "nightjar (sources)": {"_sources": True}}  # arms over every calibrated host source
 
 
 def regret_one(args: tuple[str, str, int, int]) -> tuple[str, list[float], float, list[float]]:
@@ -251,9 +256,12 @@ def regret_one(args: tuple[str, str, int, int]) -> tuple[str, list[float], float
     profile_path, name, seed, n = args
     profile = CostProfile.load(profile_path)
     wl = Workload().category_weights()
-    cfg = PlannerConfig(max_gamma=K, max_batch=profile.max_batch, seed=seed, **REGRET_POLICIES[name])
-    # with n-gram arms: every (source, gamma), against the multi-source oracle
-    srcs = SourceTable.for_profile(profile) if cfg.ngram_arms else None
+    spec = REGRET_POLICIES[name]
+    host = host_arm_fields(SourceTable.for_profile(profile)) if spec.get("_sources") else {}
+    fields = {k: v for k, v in spec.items() if not k.startswith("_")}
+    cfg = PlannerConfig(max_gamma=K, max_batch=profile.max_batch, seed=seed, **fields, **host)
+    # with host-source arms: every (source, gamma), against the multi-source oracle
+    srcs = SourceTable.for_profile(profile) if cfg.host_arms() else None
     env = RegretEnv(profile, wl, cfg.resolved_arms(), batch_contexts(n, seed, profile.max_batch), seed=seed, sources=srcs)
     oracle = env.run(OraclePolicy(cfg, profile, wl, sources=srcs))
     run = env.run(build_policy(cfg, profile), time_decisions=(name == "nightjar"))
