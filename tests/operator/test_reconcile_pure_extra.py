@@ -42,3 +42,38 @@ def test_ngram_arms_reach_the_worker_config_and_need_the_nightjar_policy():
     assert cfg.planner.ngram_arms == [2, 3]
     errs = semantic_errors(_spec(ngram=True, policy="static"), "demo")
     assert [e.field for e in errs] == ["spec.speculation.ngram"]
+
+
+def test_suffix_arms_and_tree_settings_reach_the_worker_config_and_need_the_nightjar_policy():
+    from nightjar_contract.runtime import WorkerRuntimeConfig
+    from nightjar_operator.reconcile.config import engine_hash, render_runtime_config, runtime_config_dict
+    from nightjar_operator.reconcile.validate import planner_config_errors
+
+    spec = _spec(ngram=True, suffix={"enabled": True, "cacheRequests": 200, "treeDepth": 16}, maxGamma=3, arms=[0, 2, 3])
+    assert semantic_errors(spec, "demo") == [] and planner_config_errors(spec) == []
+    cfg = WorkerRuntimeConfig.model_validate(runtime_config_dict(spec))
+    assert cfg.planner.ngram_arms == [2, 3] and cfg.planner.suffix_arms == [2, 3]
+    assert cfg.planner.host_arms() == {"ngram": (2, 3), "suffix": (2, 3)}
+    # the settings given, the worker's defaults for the rest
+    assert (cfg.suffix.cache_requests, cfg.suffix.tree_depth) == (200, 16)
+    assert cfg.suffix.min_token_prob == WorkerRuntimeConfig().suffix.min_token_prob
+    assert "suffix_arms" in render_runtime_config(spec)
+    # none set: no suffix block, the worker's defaults; settings alone (cacheRequests 0: no cross-request
+    # cache) are written without arms
+    assert "suffix" not in runtime_config_dict(_spec())
+    alone = runtime_config_dict(_spec(suffix={"cacheRequests": 0}))
+    assert alone["suffix"] == {"cache_requests": 0} and "suffix_arms" not in alone["planner"]
+    # the trees are built at start-up: a change of their settings rolls the pods, enabling the arms does not
+    assert engine_hash(_spec(suffix={"enabled": True})) == engine_hash(_spec())
+    assert engine_hash(_spec(suffix={"treeDepth": 8})) != engine_hash(_spec())
+    errs = semantic_errors(_spec(suffix={"enabled": True}, policy="static"), "demo")
+    assert [e.field for e in errs] == ["spec.speculation.suffix.enabled"]
+
+
+def test_bad_suffix_settings_name_their_field():
+    for bad, field in (({"cacheRequests": -1}, "spec.speculation.suffix.cacheRequests"),
+                       ({"treeDepth": 0}, "spec.speculation.suffix.treeDepth"),
+                       ({"minTokenProb": 1.5}, "spec.speculation.suffix.minTokenProb"),
+                       ({"enabled": True, "size": 3}, "spec.speculation.suffix.size")):
+        spec, errs = parse_spec({**SPEC, "speculation": {"suffix": bad}})
+        assert spec is None and [e.field for e in errs] == [field], (bad, errs)

@@ -199,6 +199,27 @@ class ModelCacheSpec(_Model):
         return self
 
 
+class SuffixSpec(_Model):
+    """Suffix-tree drafts (SuffixDecoding, Arctic Inference's cache): matched in suffix trees over the
+    request's own tokens and over the outputs of earlier requests, so a workload that repeats itself
+    (the same task asked again, agent loops, code edits) is drafted from what it answered before. No
+    draft model and no KV memory: speculation goes on while the draft is offloaded. The tree settings
+    are read when a worker starts (a change rolls the pods)."""
+
+    enabled: bool = False
+    """Offer suffix-tree arms at the same gammas as the draft model's (policy nightjar)."""
+    cache_requests: int | None = Field(None, ge=0, le=2**31 - 1)
+    """Outputs of finished requests kept in the cross-request tree, evicted oldest first; 0: each
+    request drafts from its own tokens only (worker default 1000; about 300 bytes per cached output
+    token at worst, reported by nightjar_suffix_cache_bytes)."""
+    tree_depth: int | None = Field(None, ge=1, le=256)
+    """Longest context matched and longest draft, in tokens (worker default 24)."""
+    spec_factor: float | None = Field(None, ge=0)
+    """A draft is at most specFactor x the matched length (worker default 1.0)."""
+    min_token_prob: float | None = Field(None, ge=0, le=1)
+    """Drafts stop at a token the tree estimates less likely than this (worker default 0.1)."""
+
+
 class SpeculationSpec(_Model):
     """How the planner speculates."""
 
@@ -217,6 +238,10 @@ class SpeculationSpec(_Model):
     """Also offer n-gram (prompt lookup) arms at the same gammas: drafts matched in the request's own
     tokens, no draft model and no KV memory, so speculation goes on while the draft is offloaded
     (policy nightjar)."""
+    suffix: SuffixSpec = Field(default_factory=SuffixSpec, json_schema_extra={"default": {}})
+    """Suffix-tree drafts: matched over the request's own tokens and earlier requests' outputs, no draft
+    model and no KV memory (speculation goes on while the draft is offloaded). enabled offers their arms
+    (policy nightjar); the tree settings are read when a worker starts (a change rolls the pods)."""
     switching_cost_ms: float | None = Field(None, ge=0)
     """Override the measured switching cost C_switch (milliseconds)."""
     offload: OffloadSpec = Field(default_factory=OffloadSpec, json_schema_extra={"default": {}})

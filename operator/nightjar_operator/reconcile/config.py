@@ -29,9 +29,19 @@ def planner_dict(spec: NightjarDeploymentSpec) -> dict[str, Any]:
         out["static_gamma"] = sp.static_gamma
     if sp.ngram:
         out["ngram_arms"] = sorted(g for g in (sp.arms or range(sp.max_gamma + 1)) if g > 0)
+    if sp.suffix.enabled:
+        out["suffix_arms"] = sorted(g for g in (sp.arms or range(sp.max_gamma + 1)) if g > 0)
     if sp.switching_cost_ms is not None:
         out["switch_cost_s"] = sp.switching_cost_ms / 1000.0
     return out
+
+
+def suffix_dict(spec: NightjarDeploymentSpec) -> dict[str, Any]:
+    """The worker's ``suffix`` block: the tree settings the spec sets (the worker's defaults for the rest)."""
+    sx = spec.speculation.suffix
+    fields = {"cache_requests": sx.cache_requests, "tree_depth": sx.tree_depth, "spec_factor": sx.spec_factor,
+              "min_token_prob": sx.min_token_prob}
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def runtime_config_dict(spec: NightjarDeploymentSpec, priors: Any = None) -> dict[str, Any]:
@@ -45,6 +55,8 @@ def runtime_config_dict(spec: NightjarDeploymentSpec, priors: Any = None) -> dic
         slo["tpot_p95_ms"] = spec.slo.tpot_p95_ms
     if slo:
         cfg["slo"] = slo
+    if sx := suffix_dict(spec):
+        cfg["suffix"] = sx
     return cfg
 
 
@@ -69,7 +81,10 @@ def live_priors(config_text: str | None) -> Any:
 
 def engine_hash(spec: NightjarDeploymentSpec) -> str:
     """Hash of the planner fields a running worker cannot take (pod-template annotation): a change
-    rolls the pods; the rest, the policy included, reloads live through the ConfigMap."""
+    rolls the pods; the rest, the policy included, reloads live through the ConfigMap. The suffix trees'
+    settings are read at start-up too."""
     p = planner_dict(spec)
-    sub = {k: p.get(k) for k in RESTART_FIELDS}
+    sub: dict[str, Any] = {k: p.get(k) for k in RESTART_FIELDS}
+    if sx := suffix_dict(spec):  # the trees are built at start-up (only when set: other hashes unchanged)
+        sub["suffix"] = sx
     return hashlib.sha256(json.dumps(sub, sort_keys=True).encode()).hexdigest()[:16]

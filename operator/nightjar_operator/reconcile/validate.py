@@ -16,6 +16,7 @@ from typing import Any
 
 from nightjar_contract.runtime import WorkerRuntimeConfig
 from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 
 from nightjar_operator import constants as c
 from nightjar_operator.crd.models import NightjarDeploymentSpec
@@ -161,6 +162,9 @@ def semantic_errors(spec: NightjarDeploymentSpec, name: str = "", policy: PodPol
             errs.append(FieldError("spec.speculation.staticGamma", f"{sp.static_gamma} is not one of arms {sp.arms}"))
     if sp.ngram and sp.policy != "nightjar":
         errs.append(FieldError("spec.speculation.ngram", f"n-gram arms are played by policy nightjar only (got {sp.policy!r})"))
+    if sp.suffix.enabled and sp.policy != "nightjar":
+        errs.append(FieldError("spec.speculation.suffix.enabled",
+                               f"suffix-tree arms are played by policy nightjar only (got {sp.policy!r})"))
     high = sp.offload.kv_usage_high if sp.offload.kv_usage_high is not None else WORKER_OFFLOAD_DEFAULTS["kv_usage_high"]
     low = sp.offload.kv_usage_low if sp.offload.kv_usage_low is not None else WORKER_OFFLOAD_DEFAULTS["kv_usage_low"]
     if low >= high:
@@ -311,6 +315,7 @@ _PLANNER_FIELDS = {
     "arms": "spec.speculation.arms",
     "static_gamma": "spec.speculation.staticGamma",
     "ngram_arms": "spec.speculation.ngram",
+    "suffix_arms": "spec.speculation.suffix.enabled",
     "switch_cost_s": "spec.speculation.switchingCostMs",
     "slo_tpot_s": "spec.slo.tpotP95Ms",
 }
@@ -329,6 +334,8 @@ def planner_config_errors(spec: NightjarDeploymentSpec) -> list[FieldError]:
             field = next((_PLANNER_FIELDS[p] for p in loc if p in _PLANNER_FIELDS), "spec.speculation")
             if loc and loc[0] == "slo":
                 field = "spec.slo"
+            elif loc and loc[0] == "suffix":
+                field = "spec.speculation.suffix" + (f".{to_camel(loc[1])}" if len(loc) > 1 else "")
             out.append(FieldError(field, err["msg"].removeprefix("Value error, ")))
         return out
     return []
