@@ -1,5 +1,5 @@
 # Serving area: the worker's API server, the demo and the serving benchmark (see docs/serving.md).
-.PHONY: serve demo bench-serve bench-ngram bench-cpu-gemm readme-results publish-results
+.PHONY: serve demo bench-serve bench-sources bench-ngram bench-cpu-gemm readme-results publish-results
 
 PORT ?= 8000
 
@@ -12,8 +12,10 @@ demo: install models ## gamma 0 vs Nightjar on the same prompts, a load spike, t
 bench-serve: install models ## every policy under closed-loop load on the real server (QUICK=1: c=1 and saturation)
 	$(PY) -m benchmarks.bench_serve
 
-bench-ngram: install models ## prompt lookup beside the draft model: every policy, repeating vs fresh prompts, draft resident and offloaded
-	$(PY) -m benchmarks.bench_ngram
+bench-sources: install models ## the speculation sources (draft, n-gram, suffix) and Nightjar over them: repeated tasks vs fresh prompts, interleaved blocks with spreads, draft resident and offloaded
+	$(PY) -m benchmarks.bench_sources
+
+bench-ngram: bench-sources ## alias of bench-sources (its former name)
 
 bench-cpu-gemm: install ## bf16 vs fp32 GEMM cost per row count on this CPU (why the Qwen pair serves in float32)
 	$(PY) -m benchmarks.bench_cpu_gemm
