@@ -199,6 +199,10 @@ async def measure(srv: ServerProcess, warm: list, prompts: list, c: int, max_tok
         s[f"{src}_accepted"] = _delta(before, after, "nightjar_accepted_tokens_total", source=src)
         s[f"{src}_steps"] = _delta(before, after, "nightjar_steps_total", source=src)
         s[f"{src}_acceptance"] = s[f"{src}_accepted"] / s[f"{src}_drafted"] if s[f"{src}_drafted"] else None
+    # one lookup per request per suffix step (hit: at least one draft token): the per-request step
+    # count the simulator's calibration needs (drafts are ragged, 0..gamma)
+    s["suffix_lookups"] = _delta(before, after, "nightjar_suffix_lookups_total")
+    s["suffix_hits"] = _delta(before, after, "nightjar_suffix_lookups_total", result="hit")
     return s
 
 
@@ -296,6 +300,8 @@ def aggregate(blocks: list[dict[str, Any]]) -> dict[str, Any]:
         d, a = sum(b[f"{src}_drafted"] for b in blocks), sum(b[f"{src}_accepted"] for b in blocks)
         out[f"{src}_drafted"], out[f"{src}_accepted"] = d, a
         out[f"{src}_acceptance"] = a / d if d else None
+    for k in ("suffix_lookups", "suffix_hits"):
+        out[k] = sum(b.get(k, 0.0) for b in blocks)
     out["block_tok_s"] = [b["output_tok_s"] for b in blocks]
     return out
 
