@@ -170,3 +170,27 @@ def test_the_regret_environment_counts_every_source_against_the_multi_source_ora
     assert sum(ngram.losses_s) + 0.1 * ngram.time_s < sum(draft.losses_s)
     # c*(B) is over every source: the oracle's steps cost about what the best arm needs (noise only)
     assert abs(sum(oracle.losses_s)) < 0.05 * oracle.time_s
+
+
+def test_a_suffix_source_is_simulated_and_planned_like_prompt_lookup(tmp_path):
+    """A calibrated ``suffix`` host entry (any host source is generic): its static arm never needs the
+    draft (its blocks are KV cache), and Nightjar with ``suffix_arms`` plays it, the draft offloaded."""
+    data = json.loads(SOURCES_PATH.read_text())
+    prof = CostProfile.load(QWEN)
+    data["profiles"][prof.name]["sources"]["suffix"] = {"proposer": "host", "alpha": {"all": 0.85},
+                                                        "verify_per_draft_token": 0.1}
+    p = tmp_path / "sources.json"
+    p.write_text(json.dumps(data))
+    table = SourceTable.for_profile(prof, p)
+    reqs = make_requests([(60.0, 0.3)], 3)
+    draft = Simulator(prof, reqs, sources=table).run(_static(prof, 2))
+    sfx = Simulator(prof, reqs, sources=table).run(_static(prof, 2, "suffix"))
+    assert sfx.kv_budget_blocks == draft.kv_budget_blocks + prof.draft_blocks()
+    assert sfx.arm_steps.get("suffix-2", 0) > 0 and sfx.switches_on == 0
+    cfg = PlannerConfig(max_gamma=4, max_batch=prof.max_batch, ngram_arms=[1, 2, 3, 4], suffix_arms=[1, 2, 3, 4])
+    res = Simulator(prof, reqs, sources=table, draft_resident=False).run(build_policy(cfg, prof))
+    assert not any(k.startswith("draft-") for k in res.arm_steps)
+    played: dict[str, int] = {}
+    for k, n in res.arm_steps.items():
+        played[k.split("-")[0]] = played.get(k.split("-")[0], 0) + n
+    assert played.get("suffix", 0) > played.get("ngram", 0)  # accepted far more often here
