@@ -56,6 +56,12 @@ class SimResult:
     step_log: list[tuple[int, int]] | None = None  # (batch, gamma) per step when recorded
 
     offered_tokens: int = 0  # output tokens of the requests arriving inside the window
+    # per measured request (arrival after the warm-up), in arrival order: what an SLO is judged on
+    requests: list[RequestTiming] = field(default_factory=list)
+
+    def slo(self, ttft_s: float | None, tpot_s: float | None) -> SloOutcome:
+        """Goodput and attainment against TTFT/TPOT targets (None: that target is not set)."""
+        return slo_outcome(self.requests, self.makespan_s, ttft_s, tpot_s)
 
     @property
     def delivered_tok_s(self) -> float:
@@ -69,6 +75,34 @@ class SimResult:
         engine delivers (its capacity)."""
         offered = self.offered_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
         return min(self.delivered_tok_s, offered) if offered > 0 else self.delivered_tok_s
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTiming:
+    """One request's service: time to its first token (queueing and prefill included), time per
+    output token after it, and its total latency (finish - arrival)."""
+
+    ttft_s: float
+    tpot_s: float  # 0 for a one-token answer
+    latency_s: float
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SloOutcome:
+    goodput_tok_s: float  # output tokens of the requests meeting both targets, per second of the window
+    attainment: float  # fraction of the requests meeting both
+    mean_latency_s: float  # mean request latency (finish - arrival)
+
+
+def slo_outcome(reqs: list[RequestTiming], window_s: float, ttft_s: float | None, tpot_s: float | None) -> SloOutcome:
+    good = [r for r in reqs if (ttft_s is None or r.ttft_s <= ttft_s) and (tpot_s is None or r.tpot_s <= tpot_s)]
+    n = len(reqs)
+    return SloOutcome(
+        goodput_tok_s=sum(r.output_tokens for r in good) / window_s if window_s > 0 else 0.0,
+        attainment=len(good) / n if n else 0.0,
+        mean_latency_s=sum(r.latency_s for r in reqs) / n if n else 0.0,
+    )
 
 
 class Simulator:
@@ -106,6 +140,10 @@ class Simulator:
         base = profile.step_time(1, 0)
         self._prefill_cache: dict[int, float] = {}
         self._base = base
+
+    def prefill_time(self, batch: int, tokens: int, draft_on: bool = False) -> float:
+        """What merging ``tokens`` prompt tokens into a step of ``batch`` decoding requests adds to it."""
+        return self._prefill_time(batch, tokens, draft_on)
 
     def _prefill_time(self, batch: int, tokens: int, draft_on: bool) -> float:
         """Incremental cost of merging ``tokens`` prefill tokens into a step of ``batch`` decoding
@@ -353,6 +391,7 @@ class Simulator:
 
         lat = []
         tpot = []
+        timings: list[RequestTiming] = []
         offered = 0
         for r in reqs:
             if r.arrival_s < measure_from_s:
@@ -361,8 +400,10 @@ class Simulator:
                 offered += r.output_tokens
             f, first = finish[r.rid]
             lat.append((f - r.arrival_s) / r.output_tokens)
+            per = (f - first) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
             if r.output_tokens > 1:
-                tpot.append((f - first) / (r.output_tokens - 1))
+                tpot.append(per)
+            timings.append(RequestTiming(first - r.arrival_s, per, f - r.arrival_s, r.output_tokens))
         if not lat:
             raise ValueError("measure_from_s: no request arrives after the warm-up")
         return SimResult(
@@ -384,6 +425,7 @@ class Simulator:
             gamma_steps=gsteps,
             arm_steps=asteps,
             step_log=log,
+            requests=timings,
         )
 
 

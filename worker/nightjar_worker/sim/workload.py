@@ -127,3 +127,21 @@ def dynamic_trace(low: float, high: float, phase_s: float) -> RateTrace:
         [(phase_s, low)] + [(seg, r) for r in ramp] + [(phase_s, high)]
         + [(seg, r) for r in reversed(ramp)] + [(phase_s, low)]
     )
+
+
+# Long prompts (issue 50 item 4): the Spec-Bench category mix (so acceptance is drawn as usual), but
+# every prompt several hundred tokens (a RAG context, a pasted document) and answers of ~100-200
+# tokens, where prefill and the queueing it brings weigh on the request as much as decoding does.
+LONG_PROMPT_TOKENS = (300, 900)  # uniform range, tokens
+LONG_OUTPUT_MEDIAN, LONG_OUTPUT_SIGMA = 150, 0.2
+
+
+def long_prompt_workload(base: Workload | None = None) -> Workload:
+    """The base workload's categories and weights with long prompts and short-to-medium answers."""
+    wl = base or Workload()
+    lo, hi = LONG_PROMPT_TOKENS
+    prompts = list(range(lo, hi + 1, 10))
+    return Workload({"categories": {
+        c: {"weight": w, "prompt_tokens": prompts, "output_median": LONG_OUTPUT_MEDIAN, "output_sigma": LONG_OUTPUT_SIGMA}
+        for c, w in wl.category_weights().items()
+    }})

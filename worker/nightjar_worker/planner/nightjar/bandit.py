@@ -18,6 +18,7 @@ from nightjar_worker.planner.nightjar.explore import (
 )
 from nightjar_worker.planner.nightjar.flips import FlipPricer
 from nightjar_worker.planner.nightjar.gate import AcceptanceGate
+from nightjar_worker.planner.nightjar.objective import SloObjective
 from nightjar_worker.planner.nightjar.prefill import PrefillCost
 from nightjar_worker.planner.nightjar.schedule import Schedule
 from nightjar_worker.planner.nightjar.switching import Dwell, PaperSwitchCost, Pipeline, SwitchCost
@@ -84,6 +85,8 @@ class NightjarPolicy:
         self.current_gamma = 0  # the last decision: the engine's speculation state
         self.current_source = "draft"
         self.draft_available = True  # False while the draft's weights are not resident
+        self.objective = SloObjective()  # TTFT/TPOT targets: goodput, not time per token
+        self._resume = False  # the last step deferred its prompts' draft prefill: resume unguarded
         # per bucket, the draft gamma its last bin would have exploited were the draft resident
         self._draft_wish = [0] * len(self._edges)
         self.stats = PlannerStats()
@@ -93,6 +96,7 @@ class NightjarPolicy:
     def _apply_knobs(self, config: PlannerConfig) -> None:
         k = config.model_copy(update=_PAPER_OFF) if config.paper_mode else config
         self._slo, self._hyst = k.slo_tpot_s, k.hysteresis
+        self.objective.configure(ttft_s=k.slo_ttft_s, tpot_s=k.slo_tpot_s, attainment=k.slo_attainment)
         self.estimator.configure(correct_prefill=k.prefill_correction, share=k.share_neighbours,
                                  share_weight=k.share_weight, normalise=k.normalise_batch, discount=k.discount,
                                  growing_window=k.growing_window, ratio_of_sums=self.scheme.ratio_of_sums,
@@ -117,10 +121,13 @@ class NightjarPolicy:
         self.config = config
         self._apply_knobs(config)
 
-    def set_slo(self, tpot_s: float | None) -> None:
-        """TPOT target (seconds per output token per request) the chosen arm must meet when it can."""
+    def set_slo(self, tpot_s: float | None, ttft_s: float | None = None, attainment: float | None = None) -> None:
+        """TPOT target (seconds per output token per request) the chosen arm must meet when it can;
+        with a TTFT target too, goodput is the objective (``objective.py``)."""
         if tpot_s is not None and not tpot_s > 0:
             raise ValueError(f"slo_tpot_s: must be > 0 (got {tpot_s})")
+        self.objective.configure(ttft_s=ttft_s, tpot_s=tpot_s,
+                                 attainment=self.objective.attainment if attainment is None else attainment)
         self._slo = tpot_s
         self._end_bins()
 
@@ -181,10 +188,13 @@ class NightjarPolicy:
         a = self._new_bin(c) if held is None else held
         drafting = self.armset.drafting
         on_now = self._drafting_now()
-        if drafting[a] != on_now and self.scheme.guard_flips:
+        if drafting[a] != on_now and self.scheme.guard_flips and not (self._resume and drafting[a]):
             a = self._guard_flip(c, a, prompt_tokens)
         elif drafting[a] and on_now and prompt_tokens > 0 and self._step_price and not sc.exploring:
             a = self._tie_at_prompt_step(c, a, prompt_tokens)
+        self._resume = False
+        if prompt_tokens > 0 and drafting[a] and self.objective.ttft_s is not None:
+            a = self._defer_prefill(c, a, batch_size, prompt_tokens)
         g = self._arms[a]
         st = self.stats
         st.decisions += 1
@@ -209,6 +219,7 @@ class NightjarPolicy:
             self.stats.switch_cost_s_ema = self.switch.ema
         self.gates[fb.verified_source].observe(fb.num_draft_tokens, fb.num_accepted_tokens)
         self.prefill.observe_workload(fb.prefill_tokens, fb.tokens_emitted)
+        self.objective.observe_step(fb.step_time_s + fb.switch_cost_s)
         i = self.armset.of(fb.source, fb.gamma)
         if i is None or fill.is_fill:
             return
@@ -322,6 +333,21 @@ class NightjarPolicy:
             self.schedules[c].replace_arm(i0)  # for the rest of this bin
             return i0
         return a
+
+    def _defer_prefill(self, c: int, a: int, batch_size: int, prompt_tokens: int) -> int:
+        """The TTFT target: play this prompt step at gamma 0 when its first tokens would miss the
+        target with the draft's prefill and meet it without (``SloObjective.defer_prefill``); the
+        bin's arm resumes at the next step, unguarded."""
+        i0 = self.armset.of("draft", 0)
+        plain = self.estimator.plain_step_time(c, batch_size, prompt_tokens)
+        if i0 is None or plain is None:
+            return a
+        off, on = self.prefill.slopes()
+        # the draft's prefill of these prompts; the longer verification is left out (a lower bound)
+        if not self.objective.defer_prefill(plain + (on - off) * prompt_tokens, plain):
+            return a
+        self._resume = True
+        return i0
 
     # -- PlannerView ---------------------------------------------------------------------------------
     def speculation_gain_s(self, batch_size: int) -> float | None:

@@ -1,0 +1,67 @@
+"""The SLO objective (planner/nightjar/objective.py): when a prompt step is played without the draft,
+and that the policy does so only with a TTFT target, on the simulator's long-prompt workload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from nightjar_worker.planner import PlannerConfig, build_policy
+from nightjar_worker.planner.nightjar.objective import SloObjective
+from nightjar_worker.sim.profile import CostProfile
+from nightjar_worker.sim.simulator import Simulator
+from nightjar_worker.sim.workload import long_prompt_workload, make_requests
+
+ROOFLINE = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles" / "roofline-h100-7b.json"
+
+
+def test_defers_only_a_miss_turned_into_a_hit():
+    o = SloObjective()
+    o.configure(ttft_s=0.10, tpot_s=None, attainment=1.0)
+    o.observe_step(0.02)  # the wait: the last step
+    assert o.defer_prefill(0.09, 0.07)  # 0.11 misses, 0.09 meets
+    assert not o.defer_prefill(0.07, 0.06)  # meets either way
+    assert not o.defer_prefill(0.12, 0.09)  # misses either way (0.11)
+    assert o.deferred == 1
+    o.configure(ttft_s=None, tpot_s=0.01, attainment=0.99)
+    assert not o.defer_prefill(1.0, 0.0)  # no TTFT target: the per-token objective
+
+
+def test_wait_is_the_attainment_quantile_of_the_last_step():
+    o = SloObjective()
+    o.configure(ttft_s=1.0, tpot_s=None, attainment=0.5)
+    o.observe_step(0.4)
+    assert o.first_token_s(0.1) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("bad", [{"ttft_s": 0.0}, {"tpot_s": -1.0}, {"attainment": 0.0}, {"attainment": 1.5}])
+def test_configure_rejects(bad):
+    kw = {"ttft_s": None, "tpot_s": None, "attainment": 0.99} | bad
+    with pytest.raises(ValueError, match="slo_"):
+        SloObjective().configure(**kw)
+
+
+def _run(**slo):
+    prof = CostProfile.load(ROOFLINE)
+    reqs = make_requests([(10.0, 8.0)], 3, long_prompt_workload())
+    pol = build_policy(PlannerConfig(max_batch=prof.max_batch, seed=3, **slo), prof)
+    res = Simulator(prof, reqs, seed=3).run(pol, measure_from_s=1.0)
+    return pol, res
+
+
+def test_ttft_target_moves_prefill_off_the_draft_and_meets_more_first_tokens():
+    ttft = 0.045  # a 600-token prefill step: ~30 ms without the draft, ~37 ms with it, plus the wait
+    base_pol, base = _run()
+    pol, res = _run(slo_ttft_s=ttft)
+    assert base_pol.objective.deferred == 0
+    assert pol.objective.deferred > 5
+    hit = res.slo(ttft, None).attainment
+    assert hit > base.slo(ttft, None).attainment + 0.05
+
+
+def test_set_slo_carries_the_ttft_target():
+    pol = build_policy(PlannerConfig(slo_attainment=0.9))
+    pol.set_slo(0.05, ttft_s=0.5)
+    assert (pol.objective.ttft_s, pol.objective.tpot_s, pol.objective.attainment) == (0.5, 0.05, 0.9)
+    pol.set_slo(None)
+    assert pol.objective.ttft_s is None
