@@ -65,3 +65,17 @@ def test_set_slo_carries_the_ttft_target():
     assert (pol.objective.ttft_s, pol.objective.tpot_s, pol.objective.attainment) == (0.5, 0.05, 0.9)
     pol.set_slo(None)
     assert pol.objective.ttft_s is None
+
+
+def test_runtime_config_slo_reaches_the_objective():
+    """The operator's spec.slo (runtime config ``slo``) sets both targets, as the TPOT cap before."""
+    from nightjar_contract.runtime import parse_runtime_config
+    from nightjar_worker.runtime_config import apply_to_policy
+
+    pol = build_policy(PlannerConfig())
+    new = parse_runtime_config({"slo": {"ttft_p95_ms": 800, "tpot_p95_ms": 60}})
+    apply_to_policy(pol, None, new)
+    assert (pol.objective.ttft_s, pol.objective.tpot_s, pol.slo_tpot_s) == (0.8, 0.06, 0.06)
+    newer = parse_runtime_config({"slo": {"tpot_p95_ms": 60}, "planner": {"slo_ttft_s": 1.5}})
+    apply_to_policy(pol, new, newer)
+    assert pol.objective.ttft_s == 1.5

@@ -62,6 +62,13 @@ def check_live_update(old: WorkerRuntimeConfig, new: WorkerRuntimeConfig) -> Non
         )
 
 
+def _ttft_target_s(cfg: WorkerRuntimeConfig) -> float | None:
+    """The TTFT target the policy plans for: the SLO's p95 if set, else the planner's own knob."""
+    if cfg.slo is not None and cfg.slo.ttft_p95_ms is not None:
+        return cfg.slo.ttft_p95_ms / 1000.0
+    return cfg.planner.slo_ttft_s
+
+
 def apply_to_policy(policy: Any, old: WorkerRuntimeConfig | None, new: WorkerRuntimeConfig) -> list[str]:
     """Push what changed into the live policy; returns what was applied (for the log).
 
@@ -78,11 +85,11 @@ def apply_to_policy(policy: Any, old: WorkerRuntimeConfig | None, new: WorkerRun
         if hook is not None:
             hook(new.planner)
             applied.append("planner knobs")
-    tpot = new.tpot_target_s()
-    if knobs_changed or old is None or old.tpot_target_s() != tpot:
+    tpot, ttft = new.tpot_target_s(), _ttft_target_s(new)
+    if knobs_changed or old is None or old.tpot_target_s() != tpot or _ttft_target_s(old) != ttft:
         if hasattr(policy, "set_slo"):
-            policy.set_slo(tpot)
-            applied.append(f"slo tpot={tpot}")
+            policy.set_slo(tpot, ttft_s=ttft)  # a TTFT target: goodput is the objective
+            applied.append(f"slo tpot={tpot} ttft={ttft}")
     if new.priors is not None and (old is None or old.priors != new.priors):
         if hasattr(policy, "set_priors"):
             policy.set_priors(new.priors)
