@@ -38,7 +38,7 @@ from nightjar_worker.sim.simulator import Simulator
 from nightjar_worker.sim.sources import SourceTable
 from nightjar_worker.sim.workload import Workload, dynamic_trace, make_requests
 
-from benchmarks import sources_fidelity
+from benchmarks import planner_slo, sources_fidelity
 from benchmarks.common import is_quick, print_result, print_table, results_dir, save_plot, write_json
 from benchmarks.sources_fidelity import agreement, fidelity
 
@@ -393,6 +393,8 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
     lat_static = max(nj[ld]["latency"] / min(results[ld][s]["latency"] for s in statics) for ld in LOADS)
     slope, decide_us, rdet = regret_study(profile_path, quick, out, tag, pool)
     src = sources_study(profile_path, cap, quick, pool, out, tag)
+    slo = planner_slo.study(profile_path, quick, pool, out, tag, source_trace)  # issue 50 item 4
+    print(f"slo ({tag}): nightjar / best static goodput, worst shape: {slo['goodput_vs_best_static']:.4f}")
     src["regret_exponent"] = rdet["slopes"]["nightjar (sources)"]
     print(f"sources ({tag}): nightjar vs multi-source oracle (latency, worst shape) {src['oracle_ratio']:.4f}, "
           f"vs best static arm {src['best_static_ratio']:.4f}, regret exponent {src['regret_exponent']:.3f}; "
@@ -409,7 +411,7 @@ def bench_profile(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out
         "regret_exponent": slope, "decide_us": decide_us, "latency_vs_oracle_worst": lat_oracle,
         "seeds": len(seeds), "best_static_ratio_per_seed": spread,
         "latency_vs_best_static_worst": lat_static, "regret": rdet, "results": results, "quick": quick,
-        "sources": src,
+        "sources": src, "slo": slo,
     }
     write_json(out / f"summary-{tag}.json", summary)
     return summary
@@ -454,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         sources_best_static_ratio=round(min(x["sources"]["best_static_ratio"] for x in summaries), 4),
         sources_regret_exponent=round(max(x["sources"]["regret_exponent"] for x in summaries), 3),
         sources_warm_oracle_ratio=round(min(x["sources"]["warm_oracle_ratio"] for x in summaries), 4),
+        goodput_vs_best_static=round(min(x["slo"]["goodput_vs_best_static"] for x in summaries), 4),
     )
     return 0
 
