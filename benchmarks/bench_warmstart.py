@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase", type=float, default=4.0,
                     help="seconds per load phase of the new worker's trace (low->high->low, repeated)")
     ap.add_argument("--max-pseudo-count", type=float, default=PriorsConfig().max_pseudo_count)
+    ap.add_argument("--min-pseudo-count", type=float, default=PriorsConfig().min_pseudo_count)
+    ap.add_argument("--min-fleet-count", type=float, default=PriorsConfig().min_fleet_count)
     ap.add_argument("--yardstick", choices=("measured", "oracle"), default="measured",
                     help="expected loss per (batch, gamma): measured in the simulator, or the analytic oracle's")
     ap.add_argument("--out", default=str(RESULTS))
@@ -167,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         pol, _ = run_worker(profile, cfg, fleet_trace, seed=1000 + w)
         pods[f"worker-{w}"] = extract(parse(exposition(pol.snapshot())), ts=0.0)
     fleet = aggregate(pods)
-    priors = merge_priors(fleet.planner, cfg.edges(), arms, PriorsConfig(max_pseudo_count=args.max_pseudo_count))
+    pcfg = PriorsConfig(max_pseudo_count=args.max_pseudo_count, min_pseudo_count=args.min_pseudo_count,
+                        min_fleet_count=args.min_fleet_count)
+    priors = merge_priors(fleet.planner, cfg.edges(), arms, pcfg)
 
     # The yardstick: the simulator's expected loss per (batch bin, gamma).
     if args.yardstick == "oracle":
@@ -212,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hdr = f"{'seed':>4} {'steps':>5} {'cold regret ms':>14} {'warm regret ms':>14} {'reduction':>9} {'cold tok/s':>10} {'warm tok/s':>10}"
     print(f"profile {profile.name}; fleet of {args.fleet} workers (phase {args.fleet_phase:g}s) -> {len(priors.entries)} "
-          f"prior entries (pseudo-count <= {args.max_pseudo_count:g}); new worker: low {args.low}/s -> high "
+          f"prior entries (pseudo-count {args.min_pseudo_count:g}-{args.max_pseudo_count:g}); new worker: low {args.low}/s -> high "
           f"{args.high}/s, phase {args.phase:g}s; yardstick {args.yardstick}")
     print(hdr)
     print("-" * len(hdr))

@@ -23,7 +23,8 @@ def test_merge_priors_bounds_pseudo_counts_and_maps_buckets():
         (4, 1): (0.060, 30.0),  # merged with (5, 1) by count weight
         (16, 3): (0.030, 1.0),  # below min_fleet_count
     }
-    pri = merge_priors(fleet, edges, arms=range(5), config=PriorsConfig(weight=0.5, max_pseudo_count=16))
+    pri = merge_priors(fleet, edges, arms=range(5),
+                       config=PriorsConfig(weight=0.5, max_pseudo_count=16, min_pseudo_count=0, min_fleet_count=3))
     got = {(e.bucket_lo, e.gamma): (e.mean_loss_s, e.count) for e in pri.entries}
     assert got[(1, 2)] == (0.010, 16.0)
     assert got[(8, 0)] == (0.020, 4.0)
@@ -32,6 +33,17 @@ def test_merge_priors_bounds_pseudo_counts_and_maps_buckets():
     assert pri.bucket_edges == list(edges)
     # valid PlannerPriors (round-trips through its own validation)
     PlannerPriors.model_validate(pri.model_dump())
+
+
+def test_every_measured_entry_is_worth_the_floor():
+    # Workers' counts are discounted: gamma 0 at batch 1, ruled out by every worker early on, keeps
+    # its mean (60 % worse) but decays to a fraction of an observation. Dropped or weighted by that
+    # count, it is explored again by every new worker; by default it is worth as much as any entry.
+    fleet = {(1, 0): (0.0062, 0.23), (1, 3): (0.0039, 1450.0)}
+    got = {(e.bucket_lo, e.gamma): e.count for e in merge_priors(fleet, [1, 2, 4]).entries}
+    assert got == {(1, 0): 64.0, (1, 3): 64.0}
+    low = merge_priors(fleet, [1, 2, 4], config=PriorsConfig(min_pseudo_count=8, max_pseudo_count=16))
+    assert {(e.bucket_lo, e.gamma): e.count for e in low.entries} == {(1, 0): 8.0, (1, 3): 16.0}
 
 
 def test_priors_equal_ignores_noise():

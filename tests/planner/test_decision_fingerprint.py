@@ -29,7 +29,7 @@ PINNED = {
     "paper": "ff8b78ca706caefd",
     "ngram-offload": "3c431cd97efc66c2",  # the simulator draws n-gram steps from its source table
     "slo": "1fbd18e333af463e",
-    "priors": "63666698c4b358a2",
+    "priors": "a99dfbe3b3af1fbf",
 }
 
 

@@ -476,11 +476,12 @@ def test_optimistic_wrong_prior_is_overcome(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_pessimistic_wrong_prior_is_overcome(seed, count=16, steps=6000):
-    # count 16: the operator's bound (merge_priors' max_pseudo_count)
+def test_pessimistic_wrong_prior_is_overcome(seed, count=64, steps=6000):
+    # count 64: the operator's pseudo-count (merge_priors' floor and bound)
     # The fleet claims the truly best arm (gamma 3) is the worst. A prior may rule an arm out, but
-    # only while its bounded pseudo-count lasts (the steady-state discount erodes it); then the
-    # arm is explored again and its own observations contradict the prior, which is dropped.
+    # only while its pseudo-count lasts (priors fade with a half-life, cells.PRIOR_HALFLIFE: without
+    # it a count of 64 kept gamma 3 out for all 6000 steps); then the arm is explored again and its
+    # own observations contradict the prior, which is dropped.
     wrong = {**LOSS_B4, 3: 1.2e-3}
     pol = build_policy(PlannerConfig(seed=seed))
     pol.set_priors(_wrong_priors(wrong, count=count))

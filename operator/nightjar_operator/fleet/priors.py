@@ -1,9 +1,14 @@
 """Fleet statistics -> planner priors (pure).
 
 Each worker's planner exports its mean loss and count per (batch bucket, gamma). The fleet's
-count-weighted means are a good starting belief for a new worker (it starts warm), but a prior must
-not freeze learning: the pseudo-count of every entry is bounded (``max_pseudo_count``) so that a
-worker's own observations outweigh the fleet's after a few dozen steps of that bucket.
+count-weighted means are a good starting belief for a new worker (it starts warm). Every entry the
+fleet measured is worth ``min_pseudo_count`` observations at least: the workers' counts are
+discounted, so an arm they ruled out early (gamma 0 at batch 1) decays towards a count of zero
+while its mean still holds, and a floor-less weight re-taught every new worker to explore it
+(2.4 ms of regret a step there); a near tie also needs more than a few dozen pseudo-observations
+to stay settled against per-step noise of ~50 %. A prior must still not freeze learning; that is
+the planner's part: it drops a prior its own evidence contradicts and fades every prior with a
+half-life (docs/planner.md, "Priors"). Pseudo-counts are bounded by ``max_pseudo_count``.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ class PriorsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    weight: float = Field(0.25, description="pseudo-count per fleet observation before the cap")
-    max_pseudo_count: float = Field(16.0, description="upper bound on the pseudo-count of any entry")
-    min_fleet_count: float = Field(3.0, description="fleet entries with fewer observations are ignored (noise)")
+    weight: float = Field(0.25, description="pseudo-count per fleet observation before the floor and the cap")
+    max_pseudo_count: float = Field(64.0, description="upper bound on the pseudo-count of any entry")
+    min_pseudo_count: float = Field(
+        64.0, description="floor on the pseudo-count of any entry kept (the fleet's counts are discounted)"
+    )
+    min_fleet_count: float = Field(0.0, description="fleet entries with fewer observations are ignored (noise)")
 
-    @field_validator("weight", "max_pseudo_count", "min_fleet_count")
+    @field_validator("weight", "max_pseudo_count", "min_pseudo_count", "min_fleet_count")
     @classmethod
     def _nonneg(cls, v: float, info) -> float:
         if v < 0:
@@ -42,7 +50,8 @@ def merge_priors(
 
     Fleet buckets are re-mapped onto ``bucket_edges`` (the bucket holding each fleet lower edge),
     merged with count weights; gammas outside ``arms`` are dropped; entries with too little
-    evidence are skipped; every pseudo-count is ``min(max_pseudo_count, weight * count)``. The
+    evidence are skipped; every pseudo-count is ``weight * count`` within ``[min_pseudo_count,
+    max_pseudo_count]``. The
     fleet's draft prefill price (seconds per prompt token) rides along as it is.
     """
     cfg = config or PriorsConfig()
@@ -63,7 +72,7 @@ def merge_priors(
         n = cnt[key]
         if n < cfg.min_fleet_count:
             continue
-        pseudo = min(cfg.max_pseudo_count, cfg.weight * n)
+        pseudo = min(cfg.max_pseudo_count, max(cfg.min_pseudo_count, cfg.weight * n))
         if pseudo <= 0:
             continue
         entries.append(PriorEntry(bucket_lo=key[0], gamma=key[1], mean_loss_s=loss[key] / n, count=round(pseudo, 3)))

@@ -68,8 +68,9 @@ class FleetSettings(BaseModel):
     prometheus_pod_label: str = Field("pod", description="label carrying the pod name in Prometheus")
     slo_window_s: float = Field(300.0, gt=0, description="sliding window of the SLO evaluation")
     priors_weight: float = Field(0.25, ge=0)
-    priors_max_count: float = Field(16.0, ge=0)
-    priors_min_count: float = Field(3.0, ge=0)
+    priors_max_count: float = Field(64.0, ge=0)
+    priors_floor_count: float = Field(64.0, ge=0)
+    priors_min_count: float = Field(0.0, ge=0)
     max_workers: int = Field(16, ge=1, description="concurrent scrapes within one tick")
     tick_workers: int = Field(8, ge=1, description="ticks run at once (threads), whatever the number of objects")
 
@@ -88,7 +89,8 @@ class FleetSettings(BaseModel):
             raise ValueError(f"fleet settings: {loc}") from None
 
     def priors_config(self) -> PriorsConfig:
-        return PriorsConfig(weight=self.priors_weight, max_pseudo_count=self.priors_max_count, min_fleet_count=self.priors_min_count)
+        return PriorsConfig(weight=self.priors_weight, max_pseudo_count=self.priors_max_count,
+                            min_pseudo_count=self.priors_floor_count, min_fleet_count=self.priors_min_count)
 
 
 # ---------------------------------------------------------------------------------------- metrics

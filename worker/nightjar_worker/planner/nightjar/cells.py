@@ -12,6 +12,12 @@ import math
 
 DEFAULT_CV = 0.3  # relative noise assumed before a bucket has its own estimate
 _RESCALE_AT = 1e150
+# Priors fade with this half-life in observations of their bucket (Nightjar's growing-window scheme):
+# a fleet prior is worth up to 64 observations so that it settles near ties and keeps arms the fleet
+# ruled out from being re-explored, but a pessimistic wrong prior is never contradicted by the
+# worker (its arm is not played), so only fading lets it be explored again.
+PRIOR_HALFLIFE = 300.0
+_PRIOR_FADE = 0.5 ** (1.0 / PRIOR_HALFLIFE)
 
 
 def less_prefill(loss_sum: float, prompt_tokens: float, slope: float) -> float:
@@ -130,11 +136,13 @@ class Bucket:
         """Age the evidence after an observation. Growing-window forgetting: discount 1 - 1/(t + 10)
         for the t-th observation (weights grow linearly with recency, so a cold-start transient
         fades), floored at the configured discount (the tracking horizon in steady state). Priors
-        are not a cold-start transient: they decay at the steady-state rate only."""
+        are not a cold-start transient: they decay at the steady-state rate, and with the growing
+        window also with a half-life of ``PRIOR_HALFLIFE`` observations (a prior is a warm start,
+        not a standing belief)."""
         self.observed += 1
         d = min(steady, 1.0 - 1.0 / (self.observed + 10.0)) if growing else steady
-        if d < steady and self.has_prior:
-            keep = steady / d
+        if growing and self.has_prior:
+            keep = steady / d * _PRIOR_FADE
             for x in self.cells:
                 x.prior_count *= keep
                 x.prior_loss_sum *= keep
