@@ -364,6 +364,7 @@ def run_setting(setting: str, pair: str, out: Path, scope: Scope, quick: bool, m
                         acc = next((s[f"{src}_acceptance"] for src in ("suffix", "ngram", "draft") if s[f"{src}_drafted"]), None)
                         print(f"  [{b + 1}/{scope.blocks}] {name:15s} {g:8s} c={c}  {s['output_tok_s']:7.1f} tok/s  "
                               f"acceptance {_acc(acc)}", flush=True)
+            write_json(out / f"blocks-{setting}.json", res["blocks"])  # what a cut-short run keeps
         res["cells"] = {k: aggregate(v) for k, v in res["blocks"].items()}
         res["suffix_cache"] = asyncio.run(suffix_cache(srv))
         res["duration_s"] = round(time.perf_counter() - t0, 1)
