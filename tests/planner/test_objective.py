@@ -34,6 +34,30 @@ def test_wait_is_the_attainment_quantile_of_the_last_step():
     assert o.first_token_s(0.1) == pytest.approx(0.3)
 
 
+def test_tpot_cap_keeps_the_arms_meeting_it_else_all():
+    o = SloObjective()
+    o.configure(ttft_s=None, tpot_s=0.05, attainment=0.99)
+    assert o.tpot_candidates([0, 1, 2], [0.06, 0.04, None]) == [1, 2]  # unknown: counted as meeting it
+    assert o.tpot_candidates([0, 1], [0.06, 0.07]) == [0, 1]  # none meets it: throughput decides
+    o.configure(ttft_s=1.0, tpot_s=None, attainment=0.99)
+    assert o.tpot_candidates([0, 1], [9.0, 9.0]) == [0, 1]
+
+
+def test_predicted_tpot_counts_the_prompts_prefilled_in_the_steps():
+    """Long prompts: the prefill merged into a request's steps weighs on its time per token, so a
+    cap is judged on the decode time and the prefill together."""
+    prof = CostProfile.load(ROOFLINE)
+    pol = build_policy(PlannerConfig(max_batch=prof.max_batch, seed=1, slo_tpot_s=1.0), prof)
+    Simulator(prof, make_requests([(4.0, 8.0)], 1, long_prompt_workload()), seed=1).run(pol)
+    c = pol.bucket(8)
+    means, _ = pol.estimator.estimates(c)
+    decode = [pol.estimator.step_seconds(c, 8, m) if m is not None else None for m in means]
+    full = pol._tpots(c)
+    known = [i for i, m in enumerate(means) if m is not None]
+    # ~600-token prompts at ~150 output tokens: about 4 prompt tokens per output token, +18 % at batch 8
+    assert known and all(full[i] > decode[i] * 1.1 for i in known)
+
+
 @pytest.mark.parametrize("bad", [{"ttft_s": 0.0}, {"tpot_s": -1.0}, {"attainment": 0.0}, {"attainment": 1.5}])
 def test_configure_rejects(bad):
     kw = {"ttft_s": None, "tpot_s": None, "attainment": 0.99} | bad

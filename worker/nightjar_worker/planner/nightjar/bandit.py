@@ -230,19 +230,27 @@ class NightjarPolicy:
 
     # -- a new bin -------------------------------------------------------------------------------
     def _candidates(self, c: int) -> list[int]:
-        """Arms meeting the TPOT SLO (unknown ones count as feasible; none meets it: the lowest TPOT),
+        """Arms meeting the TPOT SLO (``SloObjective.tpot_candidates``),
         without gamma > 0 while the acceptance gate is closed (neither explored nor exploited: a
         bucket whose only evidence is one lucky step would otherwise keep speculating)."""
         cand = list(range(len(self._arms)))
         if self._slo is not None:
-            tpots = self.estimator.mean_tpots(c)
-            known = [(x, i) for i, x in enumerate(tpots) if x is not None]
-            cand = [i for i, x in enumerate(tpots) if x is None or x <= self._slo] or [min(known)[1]]
+            cand = self.objective.tpot_candidates(cand, self._tpots(c))
         g, src = self._arms, self.armset.source
         closed = {s for s, gate in self.gates.items() if gate.closed()}
         if closed:
             cand = [i for i in cand if g[i] == 0 or src[i] not in closed] or cand
         return cand
+
+    def _tpots(self, c: int) -> list[float | None]:
+        """Per arm, the time per output token a request sees in bucket c: the arm's decode time per
+        token (its mean loss, the running draft's prefill charged) times the batch, plus the prompts
+        prefilled in the steps it runs in (the workload's prompt per generated token x the target's
+        prefill seconds per prompt token x the batch), which long prompts make most of it."""
+        means, _ = self.estimator.estimates(c)
+        b = self.estimator.buckets[c].mean_batch
+        prefill = b * self.prefill.prompt_per_generated() * self.prefill.slopes()[0] if self.estimator.correct_prefill else 0.0
+        return [self.estimator.step_seconds(c, round(b), m) + prefill if m is not None else None for m in means]
 
     def _new_bin(self, c: int) -> int:
         sc, cfg = self.schedules[c], self.config

@@ -9,8 +9,11 @@ a step is played at gamma 0 when its first tokens would miss the TTFT target wit
 meet it with the draft off; the bin's arm resumes at the next step, where the draft catches up on
 those prompts (C_switch): the cost lands in the TPOT of the requests running, spread over their
 outputs, instead of in the new requests' TTFT. A first token that misses either way, or meets it
-either way, keeps the bin's arm (nothing for goodput to gain). The TPOT target stays a cap on the
-bin's arm (``NightjarPolicy._candidates``).
+either way, keeps the bin's arm (nothing for goodput to gain).
+
+The TPOT target is a cap on the bin's arm: a bucket plays, by least loss, the arms whose predicted
+TPOT meets it, the prefill of the prompts merged into its steps included (with long prompts most
+of a request's time per token); none does: every arm (goodput then needs throughput).
 
 The wait before the step is taken as ``attainment`` x the last step's length (the quantile of an
 arrival uniform inside it that the target is for). Queueing behind a full batch or KV pool is not
@@ -37,6 +40,15 @@ class SloObjective:
         if not 0 < attainment <= 1:
             raise ValueError(f"slo_attainment: must lie in (0, 1] (got {attainment})")
         self.ttft_s, self.tpot_s, self.attainment = ttft_s, tpot_s, attainment
+
+    def tpot_candidates(self, cand: list[int], tpots: list[float | None]) -> list[int]:
+        """The arms of ``cand`` whose predicted TPOT (``tpots``, per arm; None: not known, counted as
+        meeting it) meets the target; none does: all of ``cand`` (no arm earns goodput by its TPOT,
+        and the least loss drains the queue fastest, for the requests after)."""
+        t = self.tpot_s
+        if t is None:
+            return cand
+        return [i for i in cand if (x := tpots[i]) is None or x <= t] or cand
 
     def observe_step(self, seconds: float) -> None:
         """A step ended, ``seconds`` long (C_switch included)."""
