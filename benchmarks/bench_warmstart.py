@@ -56,11 +56,12 @@ def exposition(snapshot: PlannerPriors) -> str:
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     reg = CollectorRegistry()
-    loss = Gauge(wm.planner_loss_seconds._name, "loss", ["bucket", "gamma"], registry=reg)
-    count = Gauge(wm.planner_count._name, "count", ["bucket", "gamma"], registry=reg)
+    labels = ["bucket", "gamma", "source"]
+    loss = Gauge(wm.planner_loss_seconds._name, "loss", labels, registry=reg)
+    count = Gauge(wm.planner_count._name, "count", labels, registry=reg)
     for e in snapshot.entries:
-        loss.labels(bucket=str(e.bucket_lo), gamma=str(e.gamma)).set(e.mean_loss_s)
-        count.labels(bucket=str(e.bucket_lo), gamma=str(e.gamma)).set(e.count)
+        loss.labels(bucket=str(e.bucket_lo), gamma=str(e.gamma), source=e.source).set(e.mean_loss_s)
+        count.labels(bucket=str(e.bucket_lo), gamma=str(e.gamma), source=e.source).set(e.count)
     return generate_latest(reg).decode()
 
 

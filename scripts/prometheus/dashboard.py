@@ -218,20 +218,21 @@ def overview() -> dict[str, Any]:
          target(q("0.95", "nightjar_batch_size"), "{{nightjar_deployment}} p95")], unit="short"))
     L.add(table(
         "Preferred gamma per batch bucket",
-        "For each batch-size bucket (lower edge), the arm with the lowest estimated loss "
+        "For each batch-size bucket (lower edge), the arm (source, gamma) with the lowest estimated loss "
         "(nightjar_planner_loss_seconds: seconds per generated token, switching cost included).",
         f"bottomk by (nightjar_deployment, instance, bucket) (1, nightjar_planner_loss_seconds{{{S}}})", unit="s",
         hide=["namespace", "job", "pod", "container", "endpoint", "service"]), w=8, h=10)
     L.add(table(
-        "Planner loss estimate per (bucket, gamma)",
-        "Mean loss the planner estimates for each (batch bucket, gamma), averaged over workers: decode cost per "
+        "Planner loss estimate per (bucket, source, gamma)",
+        "Mean loss the planner estimates for each (batch bucket, source, gamma), averaged over workers (gamma 2 "
+        "of the draft model and of prompt lookup are two arms, kept apart): decode cost per "
         "generated token with prefill taken out (gamma > 0 also pays the draft prefill charge, panel below).",
-        f"avg by (bucket, gamma) (nightjar_planner_loss_seconds{{{S}}})", unit="s"), w=8, h=10)
+        f"avg by (bucket, source, gamma) (nightjar_planner_loss_seconds{{{S}}})", unit="s"), w=8, h=10)
     L.add(table(
-        "Planner observations per (bucket, gamma)",
+        "Planner observations per (bucket, source, gamma)",
         "Discounted observation counts behind the estimates (nightjar_planner_count), summed over workers: "
         "where the planner has explored.",
-        f"sum by (bucket, gamma) (nightjar_planner_count{{{S}}})", unit="short"), w=8, h=10)
+        f"sum by (bucket, source, gamma) (nightjar_planner_count{{{S}}})", unit="short"), w=8, h=10)
     L.add(timeseries(
         "Planner decision time p99",
         "Wall time of one decide() call (nightjar_planner_decision_seconds).",

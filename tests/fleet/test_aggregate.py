@@ -14,12 +14,14 @@ def pod_doc(loss_b1_g2=0.01, count_b1_g2=10, drafted=100, accepted=60, ttft=(5, 
     b1, b2, inf = ttft
     return f"""
 nightjar_planner_draft_prefill_per_prompt_token_seconds {draft_prefill}
-nightjar_planner_loss_seconds{{bucket="1",gamma="2"}} {loss_b1_g2}
-nightjar_planner_count{{bucket="1",gamma="2"}} {count_b1_g2}
+nightjar_planner_loss_seconds{{bucket="1",gamma="2",source="draft"}} {loss_b1_g2}
+nightjar_planner_count{{bucket="1",gamma="2",source="draft"}} {count_b1_g2}
+nightjar_planner_loss_seconds{{bucket="1",gamma="2",source="ngram"}} 0.007
+nightjar_planner_count{{bucket="1",gamma="2",source="ngram"}} 6
 nightjar_planner_loss_seconds{{bucket="8",gamma="0"}} 0.02
 nightjar_planner_count{{bucket="8",gamma="0"}} 4
-nightjar_planner_loss_seconds{{bucket="8",gamma="3"}} 0.05
-nightjar_planner_count{{bucket="8",gamma="3"}} 0
+nightjar_planner_loss_seconds{{bucket="8",gamma="3",source="draft"}} 0.05
+nightjar_planner_count{{bucket="8",gamma="3",source="draft"}} 0
 nightjar_draft_tokens_total{{gamma="2"}} {drafted}
 nightjar_accepted_tokens_total{{gamma="2"}} {accepted}
 nightjar_acceptance_rate{{gamma="4"}} 0.5
@@ -46,7 +48,9 @@ nightjar_draft_state_info{{state="offloaded"}} {1 if state == "offloaded" else 0
 
 def test_extract_reads_every_family():
     pm = extract(parse(pod_doc()), ts=100.0)
-    assert pm.planner == {(1, 2): (0.01, 10.0), (8, 0): (0.02, 4.0)}  # zero-count entry dropped
+    # per source (a series without the label, from a worker before it, is the draft model's);
+    # zero-count entry dropped
+    assert pm.planner == {(1, 2, "draft"): (0.01, 10.0), (1, 2, "ngram"): (0.007, 6.0), (8, 0, "draft"): (0.02, 4.0)}
     assert pm.draft_tokens == {2: 100.0} and pm.accepted_tokens == {2: 60.0}
     assert pm.acceptance_gauge == {4: 0.5}
     assert pm.switch_cost is not None and pm.switch_cost.count == 2
@@ -63,8 +67,9 @@ def test_aggregate_weights_means_by_count_and_sums():
     b = extract(parse(pod_doc(loss_b1_g2=0.04, count_b1_g2=30, drafted=300, accepted=90, state="offloaded")), 0.0)
     st = aggregate({"a": a, "b": b})
     assert st.pods == 2
-    mean, n = st.planner[(1, 2)]
+    mean, n = st.planner[(1, 2, "draft")]
     assert n == 40 and mean == pytest.approx((0.01 * 10 + 0.04 * 30) / 40)
+    assert st.planner[(1, 2, "ngram")] == (pytest.approx(0.007), 12.0)  # the same gamma of another source apart
     assert st.acceptance[2] == pytest.approx(150 / 400)
     assert st.acceptance[4] == 0.5
     assert st.switch_cost_mean_s == pytest.approx(0.03)

@@ -26,6 +26,7 @@ def test_merge_priors_bounds_pseudo_counts_and_maps_buckets():
     pri = merge_priors(fleet, edges, arms=range(5),
                        config=PriorsConfig(weight=0.5, max_pseudo_count=16, min_pseudo_count=0, min_fleet_count=3))
     got = {(e.bucket_lo, e.gamma): (e.mean_loss_s, e.count) for e in pri.entries}
+    assert {e.source for e in pri.entries} == {"draft"}  # keys without a source are the draft model's
     assert got[(1, 2)] == (0.010, 16.0)
     assert got[(8, 0)] == (0.020, 4.0)
     assert (8, 9) not in got and (16, 3) not in got
@@ -44,6 +45,27 @@ def test_every_measured_entry_is_worth_the_floor():
     assert got == {(1, 0): 64.0, (1, 3): 64.0}
     low = merge_priors(fleet, [1, 2, 4], config=PriorsConfig(min_pseudo_count=8, max_pseudo_count=16))
     assert {(e.bucket_lo, e.gamma): e.count for e in low.entries} == {(1, 0): 8.0, (1, 3): 16.0}
+
+
+def test_priors_keep_each_sources_arms_apart():
+    # what the operator's aggregation gives: (bucket, gamma, source); gamma 0 is the plain arm
+    fleet = {
+        (4, 2, "draft"): (0.030, 100.0),
+        (4, 2, "ngram"): (0.018, 80.0),
+        (5, 2, "ngram"): (0.022, 20.0),  # falls in bucket 4: merged with the n-gram entry only
+        (4, 0, "draft"): (0.040, 50.0),
+        (4, 3, "ngram"): (0.020, 50.0),  # not an n-gram arm of this deployment
+        (4, 2, "suffix"): (0.015, 50.0),  # no suffix arms here
+    }
+    pri = merge_priors(fleet, [1, 4, 8], arms=range(5), host_arms={"ngram": (2,)})
+    got = {(e.bucket_lo, e.gamma, e.source): e.mean_loss_s for e in pri.entries}
+    assert got == {(4, 2, "draft"): 0.030, (4, 2, "ngram"): pytest.approx((0.018 * 80 + 0.022 * 20) / 100),
+                   (4, 0, "draft"): 0.040}
+    # without host_arms every source's entries go (the planner ignores arms it does not have)
+    assert {e.source for e in merge_priors(fleet, [1, 4, 8], arms=range(5)).entries} == {"draft", "ngram", "suffix"}
+    # a change of one source's estimate is a change
+    moved = merge_priors({**fleet, (4, 2, "ngram"): (0.030, 80.0)}, [1, 4, 8], arms=range(5), host_arms={"ngram": (2,)})
+    assert not priors_equal(pri, moved)
 
 
 def test_priors_equal_ignores_noise():

@@ -27,7 +27,7 @@ CASES = {  # name -> PlannerConfig fields, toggling the draft's availability eve
 PINNED = {
     "default": "c4d9e9e9469c27e5",
     "paper": "ff8b78ca706caefd",
-    "ngram-offload": "3c431cd97efc66c2",  # the simulator draws n-gram steps from its source table
+    "ngram-offload": "e123d39e2534ded3",  # the simulator draws n-gram steps from its source table
     "slo": "1fbd18e333af463e",
     "priors": "a99dfbe3b3af1fbf",
 }

@@ -74,9 +74,30 @@ def test_planner_snapshot_formats():
     pol = build_policy(PlannerConfig())
     pol.set_priors(PlannerPriors(bucket_edges=[1, 64], entries=[{"bucket_lo": 64, "gamma": 1, "mean_loss_s": 0.02}]))
     m.set_planner_snapshot(pol.snapshot())
-    assert v("nightjar_planner_loss_seconds", bucket="64", gamma="1") == pytest.approx(0.02)
-    m.set_planner_snapshot({(96, 2): (0.5, 7.0)})
-    assert v("nightjar_planner_count", bucket="96", gamma="2") == 7.0
+    assert v("nightjar_planner_loss_seconds", bucket="64", gamma="1", source="draft") == pytest.approx(0.02)
+    m.set_planner_snapshot({(96, 2): (0.5, 7.0)})  # a key without a source is the draft model's
+    assert v("nightjar_planner_count", bucket="96", gamma="2", source="draft") == 7.0
+    m.set_planner_snapshot({(96, 2, "ngram"): (0.25, 3.0)})
+    assert v("nightjar_planner_count", bucket="96", gamma="2", source="ngram") == 3.0
+    assert v("nightjar_planner_loss_seconds", bucket="96", gamma="2", source="draft") == 0.5  # its own series
+
+
+def test_planner_snapshot_exports_every_sources_arms():
+    # gamma 2 of the draft model and of prompt lookup are two arms with their own losses: one series
+    # each, so the fleet can average them apart (a gamma label alone mixed them)
+    m = WorkerMetrics()
+    pol = build_policy(PlannerConfig(ngram_arms=[2, 3]))
+    pol.set_priors(PlannerPriors(bucket_edges=[1, 48], entries=[
+        {"bucket_lo": 48, "gamma": 2, "mean_loss_s": 0.031, "count": 5},
+        {"bucket_lo": 48, "gamma": 2, "mean_loss_s": 0.017, "count": 6, "source": "ngram"},
+        {"bucket_lo": 48, "gamma": 0, "mean_loss_s": 0.040, "count": 7},
+    ]))
+    snap = pol.snapshot()
+    assert {(e.bucket_lo, e.gamma, e.source) for e in snap.entries} == {(48, 2, "draft"), (48, 2, "ngram"), (48, 0, "draft")}
+    m.set_planner_snapshot(snap)
+    assert v("nightjar_planner_loss_seconds", bucket="48", gamma="2", source="draft") == pytest.approx(0.031)
+    assert v("nightjar_planner_loss_seconds", bucket="48", gamma="2", source="ngram") == pytest.approx(0.017)
+    assert v("nightjar_planner_count", bucket="48", gamma="2", source="ngram") == pytest.approx(6.0)
 
 
 def test_prior_conflicts_count_the_policy_increments_and_restart_with_a_new_policy():
@@ -134,5 +155,5 @@ def test_metrics_recorded_in_another_process_are_served_here(tmp_path):
                          text=True).stdout
     assert 'nightjar_steps_total{gamma="4",source="draft"} 2.0' in out
     assert "nightjar_gamma_chosen_count 3.0" in out
-    assert 'nightjar_planner_loss_seconds{bucket="8",gamma="4"} 0.004' in out
+    assert 'nightjar_planner_loss_seconds{bucket="8",gamma="4",source="draft"} 0.004' in out
     assert "nightjar_gamma_current 4.0" in out  # mostrecent gauge, no pid label

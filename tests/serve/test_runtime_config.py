@@ -194,7 +194,7 @@ def test_engine_control_records_metrics_and_applies_updates(tmp_path, monkeypatc
     steps1 = sum(REGISTRY.get_sample_value("nightjar_steps_total", {"gamma": str(g), "source": "draft"}) or 0 for g in range(5))
     assert steps1 - steps0 == 20
     # the first step exported the estimates even though the next export is an hour away
-    assert REGISTRY.get_sample_value("nightjar_planner_loss_seconds", {"bucket": "1", "gamma": "0"}) is not None
+    assert REGISTRY.get_sample_value("nightjar_planner_loss_seconds", {"bucket": "1", "gamma": "0", "source": "draft"}) is not None
     assert REGISTRY.get_sample_value("nightjar_planner_acceptance_gate_closed") == 0  # every draft accepted
     assert REGISTRY.get_sample_value("nightjar_planner_draft_prefill_seconds") == 0  # no prompt seen: not learnt
     # an update is exported at once, without waiting for a step or the period
@@ -202,7 +202,7 @@ def test_engine_control_records_metrics_and_applies_updates(tmp_path, monkeypatc
     write_config_atomically(path, WorkerRuntimeConfig(
         priors=PRIORS | {"entries": [*PRIORS["entries"], fresh], "draft_prefill_s_per_token": 0.0063}))
     assert ctl.watcher.check()
-    got = REGISTRY.get_sample_value("nightjar_planner_loss_seconds", {"bucket": "16", "gamma": "2"})
+    got = REGISTRY.get_sample_value("nightjar_planner_loss_seconds", {"bucket": "16", "gamma": "2", "source": "draft"})
     assert got == pytest.approx(0.0456)
     # the draft's prefill price the planner holds (the priors' until it learns its own), for the fleet
     got = REGISTRY.get_sample_value("nightjar_planner_draft_prefill_per_prompt_token_seconds")

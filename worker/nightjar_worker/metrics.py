@@ -65,12 +65,13 @@ accepted_tokens_total = Counter(
 )
 planner_loss_seconds = Gauge(
     "nightjar_planner_loss_seconds",
-    "Planner's mean loss estimate (seconds per generated token) per (batch bucket lower edge, gamma)",
-    ["bucket", "gamma"],
+    "Planner's mean loss estimate (seconds per generated token) per (batch bucket lower edge, gamma, source)",
+    ["bucket", "gamma", "source"],
     multiprocess_mode=_MP,
 )
 planner_count = Gauge(
-    "nightjar_planner_count", "Planner's (discounted) observation count per (bucket, gamma)", ["bucket", "gamma"],
+    "nightjar_planner_count", "Planner's (discounted) observation count per (bucket, gamma, source)",
+    ["bucket", "gamma", "source"],
     multiprocess_mode=_MP,
 )
 planner_acceptance_gate_closed = Gauge(
@@ -242,13 +243,14 @@ class WorkerMetrics:
         switch_cost_seconds.observe(seconds)
 
     def set_planner_snapshot(self, snapshot: Any) -> None:
-        """Accepts the policy's ``snapshot()``: a mapping ``{(bucket_lo, gamma): (mean_loss_s, count)}``,
-        an iterable of ``(bucket_lo, gamma, mean_loss_s, count)`` tuples or of objects/dicts with
-        ``bucket_lo, gamma, mean_loss_s, count``, or a ``PlannerPriors``-like object with ``entries``."""
-        for b, g, loss, count in _iter_snapshot(snapshot):
+        """Accepts the policy's ``snapshot()``: a mapping ``{(bucket_lo, gamma[, source]): (mean_loss_s,
+        count)}``, an iterable of ``(bucket_lo, gamma, mean_loss_s, count[, source])`` tuples or of
+        objects/dicts with ``bucket_lo, gamma, mean_loss_s, count`` (and ``source``), or a
+        ``PlannerPriors``-like object with ``entries``. The source defaults to the draft model's."""
+        for b, g, loss, count, src in _iter_snapshot(snapshot):
             if loss is not None:
-                planner_loss_seconds.labels(bucket=str(b), gamma=str(g)).set(loss)
-            planner_count.labels(bucket=str(b), gamma=str(g)).set(count)
+                planner_loss_seconds.labels(bucket=str(b), gamma=str(g), source=src).set(loss)
+            planner_count.labels(bucket=str(b), gamma=str(g), source=src).set(count)
         if hasattr(snapshot, "draft_prefill_s_per_token"):  # a PlannerPriors; None (unknown) exports 0
             planner_draft_prefill_prompt_seconds.set(snapshot.draft_prefill_s_per_token or 0.0)
 
@@ -318,26 +320,28 @@ class WorkerMetrics:
         kv_released_bytes.set(n)
 
 
-def _iter_snapshot(snapshot: Any) -> Iterable[tuple[int, int, float | None, float]]:
+def _iter_snapshot(snapshot: Any) -> Iterable[tuple[int, int, float | None, float, str]]:
     if snapshot is None:
         return
     if hasattr(snapshot, "entries"):
         snapshot = snapshot.entries
     if isinstance(snapshot, Mapping):
-        for (b, g), v in snapshot.items():
+        for key, v in snapshot.items():
+            b, g, src = key[0], key[1], (key[2] if len(key) > 2 else "draft")
             if isinstance(v, Mapping):
-                yield b, g, v.get("mean_loss_s"), v.get("count", 0.0)
+                yield b, g, v.get("mean_loss_s"), v.get("count", 0.0), src
             else:
                 loss, count = v
-                yield b, g, loss, count
+                yield b, g, loss, count, src
         return
     for e in snapshot:
         if isinstance(e, tuple):
-            yield e[0], e[1], e[2], e[3]
+            yield e[0], e[1], e[2], e[3], (e[4] if len(e) > 4 else "draft")
         elif isinstance(e, Mapping):
-            yield e["bucket_lo"], e["gamma"], e.get("mean_loss_s"), e.get("count", 0.0)
+            yield e["bucket_lo"], e["gamma"], e.get("mean_loss_s"), e.get("count", 0.0), e.get("source", "draft")
         else:
-            yield e.bucket_lo, e.gamma, getattr(e, "mean_loss_s", None), getattr(e, "count", 0.0)
+            yield (e.bucket_lo, e.gamma, getattr(e, "mean_loss_s", None), getattr(e, "count", 0.0),
+                   getattr(e, "source", "draft"))
 
 
 _worker_metrics: WorkerMetrics | None = None

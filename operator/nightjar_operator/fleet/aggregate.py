@@ -4,7 +4,8 @@ Pure: the handler does the HTTP. Counters and histograms are windowed (``window(
 delta between two scrapes of the same pod, with counter resets handled like PromQL ``rate``), the
 planner's own estimates (``nightjar_planner_loss_seconds``/``_count`` gauges) and the other gauges
 are taken as they are now. Aggregation across pods is ``sum by (le)`` for histograms, sums for
-counters, count-weighted means for the planner's per (bucket, gamma) losses, and the median of the
+counters, count-weighted means for the planner's per (bucket, gamma, source) losses (a series
+without the ``source`` label, from a worker before it, is the draft model's), and the median of the
 workers' draft prefill prices (one odd pod does not move it).
 """
 
@@ -28,6 +29,7 @@ DRAFT_TOKENS = "nightjar_draft_tokens_total"
 ACCEPTED_TOKENS = "nightjar_accepted_tokens_total"
 ACCEPTANCE_RATE = "nightjar_acceptance_rate"
 STEPS = "nightjar_steps_total"
+PlannerKey = tuple[int, int, str]  # (bucket_lo, gamma, source) of a planner estimate
 SWITCH_COST = "nightjar_switch_cost_seconds"
 DRAFT_STATE_INFO = "nightjar_draft_state_info"
 OFFLOAD_ENABLED = "nightjar_memory_offload_enabled"
@@ -67,7 +69,7 @@ class PodMetrics:
     ``window`` turns them into deltas."""
 
     ts: float  # wall time of the scrape (seconds)
-    planner: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)  # (bucket_lo, gamma) -> (mean, count)
+    planner: dict[PlannerKey, tuple[float, float]] = field(default_factory=dict)  # -> (mean, count)
     draft_prefill_s: float | None = None  # the planner's draft prefill seconds per prompt token (None: unknown)
     draft_tokens: dict[int, float] = field(default_factory=dict)
     accepted_tokens: dict[int, float] = field(default_factory=dict)
@@ -113,19 +115,20 @@ def _per_gamma(scrape: Scrape, name: str) -> dict[int, float]:
 
 def extract(scrape: Scrape, ts: float) -> PodMetrics:
     """Read the fleet-relevant series out of one pod's scrape. Missing series stay empty/None."""
-    counts: dict[tuple[int, int], float] = {}
+    counts: dict[PlannerKey, float] = {}
     for s in scrape.series(PLANNER_COUNT):
         b, g = _int_label(s.label("bucket") or ""), _int_label(s.label("gamma") or "")
         if b is not None and g is not None and s.value > 0:
-            counts[(b, g)] = s.value
-    planner: dict[tuple[int, int], tuple[float, float]] = {}
+            counts[(b, g, s.label("source") or "draft")] = s.value
+    planner: dict[PlannerKey, tuple[float, float]] = {}
     for s in scrape.series(PLANNER_LOSS):
         b, g = _int_label(s.label("bucket") or ""), _int_label(s.label("gamma") or "")
         if b is None or g is None or not (s.value > 0) or math.isinf(s.value):
             continue
-        n = counts.get((b, g), 0.0)
+        key = (b, g, s.label("source") or "draft")
+        n = counts.get(key, 0.0)
         if n > 0:
-            planner[(b, g)] = (s.value, n)
+            planner[key] = (s.value, n)
     state = None
     for s in scrape.series(DRAFT_STATE_INFO):
         if s.value >= 1:
@@ -187,7 +190,7 @@ class FleetStats:
     """Fleet-wide statistics of one deployment (or one revision of it)."""
 
     pods: int = 0
-    planner: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)  # (bucket_lo, gamma) -> (mean, count)
+    planner: dict[PlannerKey, tuple[float, float]] = field(default_factory=dict)  # -> (mean, count)
     draft_prefill_s: float | None = None  # median over the pods that know it
     acceptance: dict[int, float] = field(default_factory=dict)  # gamma -> accepted / drafted
     steps: dict[int, float] = field(default_factory=dict)
@@ -222,8 +225,8 @@ def _sum_hist(hs: list[Histogram | None]) -> Histogram | None:
 def aggregate(pods: Mapping[str, PodMetrics]) -> FleetStats:
     """Combine per-pod (windowed) metrics into fleet statistics."""
     st = FleetStats(pods=len(pods))
-    loss_sum: dict[tuple[int, int], float] = {}
-    count_sum: dict[tuple[int, int], float] = {}
+    loss_sum: dict[PlannerKey, float] = {}
+    count_sum: dict[PlannerKey, float] = {}
     drafted: Counter[int] = Counter()
     accepted: Counter[int] = Counter()
     gauge_acc: dict[int, list[float]] = {}

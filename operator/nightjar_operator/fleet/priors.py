@@ -1,6 +1,7 @@
 """Fleet statistics -> planner priors (pure).
 
-Each worker's planner exports its mean loss and count per (batch bucket, gamma). The fleet's
+Each worker's planner exports its mean loss and count per (batch bucket, gamma, source): the
+draft model's arms and each host source's (n-gram, suffix), whose losses are measured apart. The fleet's
 count-weighted means are a good starting belief for a new worker (it starts warm). Every entry the
 fleet measured is worth ``min_pseudo_count`` observations at least: the workers' counts are
 discounted, so an arm they ruled out early (gamma 0 at batch 1) decays towards a count of zero
@@ -40,16 +41,19 @@ class PriorsConfig(BaseModel):
 
 
 def merge_priors(
-    fleet: Mapping[tuple[int, int], tuple[float, float]],
+    fleet: Mapping[tuple[int, int] | tuple[int, int, str], tuple[float, float]],
     bucket_edges: Iterable[int],
     arms: Iterable[int] | None = None,
     config: PriorsConfig | None = None,
     draft_prefill_s_per_token: float | None = None,
+    host_arms: Mapping[str, Iterable[int]] | None = None,
 ) -> PlannerPriors:
-    """Build ``PlannerPriors`` on ``bucket_edges`` from fleet (bucket_lo, gamma) -> (mean loss, count).
+    """Build ``PlannerPriors`` on ``bucket_edges`` from fleet (bucket_lo, gamma, source) -> (mean
+    loss, count) (a key without a source is the draft model's).
 
     Fleet buckets are re-mapped onto ``bucket_edges`` (the bucket holding each fleet lower edge),
-    merged with count weights; gammas outside ``arms`` are dropped; entries with too little
+    merged with count weights per source; the draft's gammas outside ``arms`` are dropped, and a host
+    source's outside ``host_arms`` (when given; gamma 0 is the plain arm, the draft's key); entries with too little
     evidence are skipped; every pseudo-count is ``weight * count`` within ``[min_pseudo_count,
     max_pseudo_count]``. The
     fleet's draft prefill price (seconds per prompt token) rides along as it is.
@@ -57,14 +61,19 @@ def merge_priors(
     cfg = config or PriorsConfig()
     edges = sorted(bucket_edges)
     allowed = set(arms) if arms is not None else None
-    loss: dict[tuple[int, int], float] = {}
-    cnt: dict[tuple[int, int], float] = {}
-    for (b, g), (mean, n) in fleet.items():
-        if allowed is not None and g not in allowed:
+    hosts = {src: set(gs) for src, gs in host_arms.items()} if host_arms is not None else None
+    loss: dict[tuple[int, int, str], float] = {}
+    cnt: dict[tuple[int, int, str], float] = {}
+    for fkey, (mean, n) in fleet.items():
+        b, g = fkey[0], fkey[1]
+        src = "draft" if g == 0 or len(fkey) < 3 else str(fkey[-1])
+        if src == "draft" and allowed is not None and g not in allowed:
+            continue
+        if src != "draft" and hosts is not None and g not in hosts.get(src, ()):
             continue
         if not (mean > 0) or not (n > 0) or mean == float("inf"):
             continue
-        key = (edges[bucket_index(edges, b)], g)
+        key = (edges[bucket_index(edges, b)], g, src)
         loss[key] = loss.get(key, 0.0) + mean * n
         cnt[key] = cnt.get(key, 0.0) + n
     entries = []
@@ -75,7 +84,8 @@ def merge_priors(
         pseudo = min(cfg.max_pseudo_count, max(cfg.min_pseudo_count, cfg.weight * n))
         if pseudo <= 0:
             continue
-        entries.append(PriorEntry(bucket_lo=key[0], gamma=key[1], mean_loss_s=loss[key] / n, count=round(pseudo, 3)))
+        entries.append(PriorEntry(bucket_lo=key[0], gamma=key[1], mean_loss_s=loss[key] / n, count=round(pseudo, 3),
+                                  source=key[2]))
     return PlannerPriors(bucket_edges=edges, entries=entries, draft_prefill_s_per_token=draft_prefill_s_per_token)
 
 
@@ -86,8 +96,8 @@ def priors_equal(a: PlannerPriors | None, b: PlannerPriors | None, rel_tol: floa
         return a is b
     if a.bucket_edges != b.bucket_edges or not _close(a.draft_prefill_s_per_token, b.draft_prefill_s_per_token, rel_tol):
         return False
-    ea = {(e.bucket_lo, e.gamma): e for e in a.entries}
-    eb = {(e.bucket_lo, e.gamma): e for e in b.entries}
+    ea = {(e.bucket_lo, e.gamma, e.source): e for e in a.entries}
+    eb = {(e.bucket_lo, e.gamma, e.source): e for e in b.entries}
     if ea.keys() != eb.keys():
         return False
     for k, x in ea.items():

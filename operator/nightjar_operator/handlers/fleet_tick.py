@@ -217,13 +217,14 @@ def _window_baseline(hist: deque[PodMetrics], now: float, window_s: float) -> Po
 # ----------------------------------------------------------------------------------------- priors
 
 
-def planner_edges_and_arms(spec: NightjarDeploymentSpec) -> tuple[list[int], list[int]]:
+def planner_edges_and_arms(spec: NightjarDeploymentSpec) -> tuple[list[int], list[int], dict[str, tuple[int, ...]]]:
+    """The planner's bucket edges, draft gammas and host sources' gammas for ``spec``."""
     from nightjar_contract.planner import PlannerConfig
 
     from nightjar_operator.reconcile.config import planner_dict
 
     cfg = PlannerConfig.model_validate(planner_dict(spec))
-    return list(cfg.edges()), list(cfg.resolved_arms())
+    return list(cfg.edges()), list(cfg.resolved_arms()), cfg.host_arms()
 
 
 def push_priors(api: Api, namespace: str, cm_name: str, stats: FleetStats, spec: NightjarDeploymentSpec,
@@ -237,8 +238,8 @@ def push_priors(api: Api, namespace: str, cm_name: str, stats: FleetStats, spec:
 
     if not stats.planner:
         return False, 0
-    edges, arms = planner_edges_and_arms(spec)
-    new = merge_priors(stats.planner, edges, arms, settings.priors_config(), stats.draft_prefill_s)
+    edges, arms, host = planner_edges_and_arms(spec)
+    new = merge_priors(stats.planner, edges, arms, settings.priors_config(), stats.draft_prefill_s, host)
     if not new.entries:
         return False, 0
     cm = api.get("ConfigMap", namespace, cm_name)

@@ -383,14 +383,16 @@ class NightjarPolicy:
         return dict(zip(self.armset.keys, means, strict=True))
 
     def snapshot(self) -> PlannerPriors:
-        """Own evidence (priors included, neighbours not) per (bucket_lo, gamma): mean loss and count.
-        The result is a valid ``PlannerPriors``, so a fleet can average snapshots and push them back."""
+        """Own evidence (priors included, neighbours not) per (bucket_lo, gamma, source) of every
+        arm, host sources' included (gamma 0 is the draft's key): mean loss and count. The result is
+        a valid ``PlannerPriors``, so a fleet can average snapshots and push them back."""
         entries = []
         for c, lo in enumerate(self._edges):
-            for g, i in self.armset.draft_index().items():  # priors are about the draft model's arms
+            for i, (src, g) in enumerate(self.armset.keys):
                 m = self.estimator.own_mean(c, i)
                 if m is not None and m > 0:
-                    entries.append(PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=m, count=self.estimator.own_count(c, i)))
+                    entries.append(PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=m,
+                                              count=self.estimator.own_count(c, i), source=src))
         return PlannerPriors(bucket_edges=list(self._edges), entries=entries,
                              draft_prefill_s_per_token=self.prefill.exported_draft_slope())
 
