@@ -25,11 +25,11 @@ CASES = {  # name -> PlannerConfig fields, toggling the draft's availability eve
     "priors": ({}, 0),
 }
 PINNED = {
-    "default": "c4d9e9e9469c27e5",
+    "default": "15d0c8fd899b4d95",
     "paper": "ff8b78ca706caefd",
-    "ngram-offload": "e123d39e2534ded3",  # the simulator draws n-gram steps from its source table
-    "slo": "1fbd18e333af463e",
-    "priors": "a99dfbe3b3af1fbf",
+    "ngram-offload": "a4f927a446dbf5c4",  # the simulator draws n-gram steps from its source table
+    "slo": "6f4776c8fc4575aa",
+    "priors": "0519c9e91732885c",
 }
 
 

@@ -189,7 +189,8 @@ def test_prefill_cost_is_separated():
     rng = random.Random(1)
 
     def run(correct: bool) -> list[int]:
-        pol = build_policy(PlannerConfig(seed=1, prefill_correction=correct))
+        # yields linear in gamma (no prefix acceptance): the source model's fit would misread them
+        pol = build_policy(PlannerConfig(seed=1, prefill_correction=correct, source_model=False))
         out = []
         for _ in range(4000):
             g = pol.decide(4)
@@ -566,7 +567,8 @@ def _useless_draft_run(cfg: PlannerConfig, steps: int = 4000, seed: int = 0) -> 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_acceptance_gate_stops_speculating_with_a_draft_that_is_never_accepted(seed):
     gated, with_gate, closed = _useless_draft_run(PlannerConfig(seed=seed), seed=seed)
-    _, without, never = _useless_draft_run(PlannerConfig(seed=seed, min_acceptance=0.0), seed=seed)
+    # against no gate and no source model (whose predictions rule a never-accepted draft out too)
+    _, without, never = _useless_draft_run(PlannerConfig(seed=seed, min_acceptance=0.0, source_model=False), seed=seed)
     assert never == 0 and closed >= 2000  # closed after a few speculative steps, while evidence lasts
     assert with_gate <= 0.1 * without, (with_gate, without)
     # the pooled evidence decays: after a few half-lives of plain steps the gate re-opens (re-probe)

@@ -356,3 +356,143 @@ def test_pooled_yield_separates_near_tied_arms_with_noisy_tokens():
             est = pol.estimates(b)
             wrong[pool] += est[("draft", 1)] >= est[("draft", 2)]  # type: ignore[operator]
     assert wrong[True] == 0 and wrong[True] < wrong[False]
+
+
+# -- SourceModel: statistics shared across a source's gammas ----------------------------------------------
+def _geo(g: int, alpha: float) -> float:
+    return sum(alpha**i for i in range(g + 1))
+
+
+def test_fit_alpha_recovers_the_geometric_rate_over_mixed_gammas():
+    from nightjar_worker.planner.nightjar.sourcemodel import accepted_per_request, fit_alpha
+
+    pts = [(g, r, r * accepted_per_request(g, 0.66)) for g, r in ((1, 40.0), (3, 10.0), (4, 100.0))]
+    assert fit_alpha(pts) == pytest.approx(0.66, abs=1e-4)
+    assert fit_alpha([(2, 10.0, 0.0)]) == 0.0  # nothing accepted
+    assert fit_alpha([(2, 10.0, 20.0)]) == 0.99  # everything accepted: clamped
+
+
+def test_line_at_interpolates_and_extrapolates_with_the_last_slope():
+    from nightjar_worker.planner.nightjar.sourcemodel import line_at
+
+    pts = [(0, 1.0), (1, 1.2), (3, 2.0)]
+    assert line_at(pts, 2) == pytest.approx(1.6)  # between the two around it
+    assert line_at(pts, 4) == pytest.approx(2.4)  # the last two's slope (0.4 per gamma)
+    assert line_at([(2, 1.0), (3, 0.8)], 4) == pytest.approx(0.8)  # never a falling time
+    assert line_at([(1, 1.0)], 2) is None  # one point is no line
+
+
+def _model(alpha: float, requests: dict[int, float], extra: float = 0.0):
+    """A SourceModel over draft 0..2 and n-gram 1..4 whose n-gram gammas pooled ``requests`` with
+    exactly geometric yields at ``alpha`` (gamma 0: 1 + ``extra`` tokens per request)."""
+    from nightjar_worker.planner.nightjar.sourcemodel import SourceModel
+    from nightjar_worker.planner.nightjar.yields import TokenYield
+
+    arms = ArmSet.build((0, 1, 2), {"ngram": (1, 2, 3, 4)})
+    y = TokenYield(len(arms), halflife_steps=10**9)
+    y.observe(0, 64, 64)
+    y.tokens[0] = 64 * (1 + extra)
+    for g, r in requests.items():
+        i = arms.of("ngram", g)
+        y.tokens[i], y.requests[i] = r * (_geo(g, alpha) + extra), r
+    return arms, SourceModel(arms, y)
+
+
+def test_source_model_yields_are_shrunk_towards_the_geometric_fit():
+    arms, m = _model(0.6, {1: 200.0}, extra=0.05)  # only gamma 1 played: gamma 4 known from alpha
+    assert m.alpha("ngram") == pytest.approx(0.6, abs=1e-3) and m.alpha("draft") is None
+    assert m.per_request(arms.of("ngram", 4)) == pytest.approx(_geo(4, 0.6) + 0.05, rel=1e-3)
+    assert m.per_request(arms.of("draft", 2)) is None  # the draft has not drafted: no fit, no yield
+    # a few draws of gamma 3 that came out lucky move it less than their own mean would
+    y, i = m.yields, arms.of("ngram", 3)
+    y.tokens[i], y.requests[i] = 8 * 4.0, 8.0
+    y.steps += 1
+    assert _geo(3, 0.6) + 0.05 < m.per_request(i) < 0.5 * (4.0 + _geo(3, 0.6))
+    # the optimistic yield (alpha's upper bound) is above the point one
+    assert m.per_request(arms.of("ngram", 4), optimistic=True) > m.per_request(arms.of("ngram", 4))
+
+
+def test_source_model_check_drops_a_source_whose_yields_are_not_geometric():
+    arms, m = _model(0.6, {1: 200.0, 4: 200.0})
+    assert m.alpha("ngram") is not None
+    y, i = m.yields, arms.of("ngram", 4)
+    y.tokens[i] = 200.0 * 3.4  # 1 + 0.6 g: every draft accepted at 0.6, independently (no prefix)
+    y.steps += 1
+    assert m.alpha("ngram") is None
+    assert m.per_request(i) == pytest.approx(3.4)  # its own pooled yield again
+
+
+def test_source_model_predicts_an_untried_gamma_from_the_bucket_line_and_alpha():
+    arms, m = _model(0.6, {1: 200.0})
+    times: list[float | None] = [None] * len(arms)
+    times[arms.of("draft", 0)], times[arms.of("ngram", 1)] = 1.0, 1.3  # +0.3 per drafted token
+    pred = m.predict(times)
+    i4 = arms.of("ngram", 4)
+    assert pred[i4] == pytest.approx((1.0 + 4 * 0.3) / _geo(4, 0.6), rel=1e-3)
+    assert pred[arms.of("ngram", 1)] == pytest.approx(1.3 / _geo(1, 0.6), rel=1e-3)  # own time, pooled yield
+    assert pred[arms.of("draft", 1)] is None  # no draft yield yet
+    # a source not tried in this bucket: a borrowed relative slope
+    times[arms.of("ngram", 1)] = None
+    assert m.predict(times, {"ngram": 0.1})[i4] == pytest.approx(1.4 / _geo(4, 0.6), rel=1e-3)
+    assert m.predict(times)[i4] is None
+    assert m.relative_slopes([None, None, None, 1.3, None, None, None]) == {}  # gamma 0 missing
+    t = [1.0, 1.5, None, 1.3, None, 1.9, None]
+    assert m.relative_slopes(t) == {"draft": pytest.approx(0.5), "ngram": pytest.approx(0.3)}
+
+
+def test_estimator_predictions_follow_the_bucket_step_times():
+    """Steps of gamma 0 and n-gram gamma 1 at batch 200 (time linear in gamma, geometric yields):
+    n-gram gamma 4, never played, is predicted at its true loss within the model's few per cent."""
+    arms = ArmSet.build((0, 1, 2), {"ngram": (1, 2, 3, 4)})
+    est = Estimator((1, 128, 192), arms, PrefillCost(amortise=False, catchup_rate=lambda: None))
+    est.configure(correct_prefill=True, share=True, share_weight=2.0, normalise=True, discount=0.9995,
+                  growing_window=True, ratio_of_sums=True, pool_yield=True, source_model=True)
+    rng = random.Random(3)
+    alpha, b = 0.65, 200
+
+    def step(g: int) -> None:
+        tokens = b + sum(next(n for n in range(g + 1) if n == g or rng.random() >= alpha) for _ in range(b)) if g else b
+        t = 0.01 * (1 + 0.45 * g)
+        fb = StepFeedback(batch_size=b, gamma=g, step_time_s=t, tokens_emitted=tokens, num_draft_tokens=b * g,
+                          num_accepted_tokens=tokens - b, source="ngram" if g else "draft")
+        est.observe(2, arms.of("ngram", g), fb, t)
+
+    for _ in range(3):
+        step(0)
+        step(1)
+    pred = est.predictions(2)
+    assert pred is not None
+    true4 = 0.01 * (1 + 0.45 * 4) / (_geo(4, alpha) * 192)  # per token at the bucket's lower edge
+    assert pred[arms.of("ngram", 4)] == pytest.approx(true4, rel=0.05)
+    assert pred[arms.of("draft", 1)] is None  # the draft: no acceptance known
+    est.source_model = False
+    assert est.predictions(2) is None
+
+
+def test_explorer_skips_arms_predicted_to_lose_and_tries_the_predicted_best_first():
+    from nightjar_worker.planner.nightjar.explore import unknown_source
+
+    arms = ArmSet.build((0, 1), {"ngram": (1, 2, 3)})
+    est = Estimator((1, 4), arms, PrefillCost(amortise=False, catchup_rate=lambda: None))
+    sw = SwitchCost(2)
+    flips = FlipPricer(est, sw, Dwell(32.0), Excursions(2, 32.0), 32)
+    ex = PrunedExplorer(random.Random(0), arms, est, [Schedule(), Schedule()], flips)
+    means = [1.0, None, None, None, None]
+    counts = [20.0, 0.0, 0.0, 0.0, 0.0]
+    for _ in range(20):
+        est.buckets[1].cells[0].observe(1.0, loss=1.0, tokens=4, time_s=4.0, prompt_tokens=0, normf=1.0, batch=4,
+                                        ratio_of_sums=True)
+    pred = [1.0, None, 0.98, 0.85, 1.6]  # ngram 3 predicted 1.6x gamma 0: skipped
+    k = Candidates(c=1, cand=list(range(5)), means=means, counts=counts, eff=list(means), best=0, pred=pred,
+                   bound=pred)
+    picks = {ex.choose(k, on_now=False, slo=None) for _ in range(20)}
+    assert picks == {1}  # the draft (no prediction: it anchors its line) first
+    k.pred = k.bound = [1.0, 1.2, 0.98, 0.85, 1.6]
+    assert ex.choose(k, on_now=False, slo=None) == 3  # then the lowest prediction; ngram 3 never
+    k.pred = k.bound = [1.0, 1.5, 1.05, 1.5, 1.6]
+    assert ex.choose(k, on_now=False, slo=None) == 2  # 1.05 x 0.9 is within the best's bound (1.0); 1.5 not
+    k.pred, k.bound = [1.0, 1.5, 1.5, 1.5, 1.6], [1.0, 1.5, 1.05, 1.5, 1.6]
+    assert ex.choose(k, on_now=False, slo=None) == 2  # pruning reads the optimistic bound
+    assert unknown_source(arms, list(range(5)), means, [1.0, None, None, None, None])  # both sources unknown
+    assert not unknown_source(arms, list(range(5)), means, [1.0, 1.2, None, 0.9, None])
+    assert not unknown_source(arms, list(range(5)), means, None)  # the source model off

@@ -32,9 +32,11 @@ def run(pol: NightjarPolicy, steps: int, loss: dict = LOSS, acc: dict | None = N
         resume = src == "draft" and g > 0 and (prev[1] == 0 or prev[0] != "draft")
         key = (src, g)
         drafted = 0 if fill else batch * g
-        accepted = sum(rng.random() < acc[src] for _ in range(drafted))
+        # each request accepts a prefix of its drafts (the first rejection ends it), as the engine does
+        accepted = 0 if fill else sum(_prefix(rng, acc[src], g) for _ in range(batch))
         tokens = batch + accepted if not fill else batch
-        t = loss[key] * batch * (1 + g / 2) * (1 + 0.03 * rng.gauss(0, 1))
+        # the step's time makes ``loss`` the per-token loss at the expected tokens
+        t = loss[key] * batch * sum(acc[src] ** i for i in range(g + 1)) * (1 + 0.03 * rng.gauss(0, 1))
         pol.observe(StepFeedback(batch_size=batch, gamma=g, step_time_s=t, tokens_emitted=tokens,
                                  num_draft_tokens=drafted, num_accepted_tokens=accepted,
                                  switch_cost_s=0.05 if resume else 0.0, source=src,
@@ -42,6 +44,14 @@ def run(pol: NightjarPolicy, steps: int, loss: dict = LOSS, acc: dict | None = N
         out.append(key)
         prev = key
     return out
+
+
+def _prefix(rng: random.Random, alpha: float, gamma: int) -> int:
+    """Drafts accepted before the first rejection, each with probability ``alpha``."""
+    n = 0
+    while n < gamma and rng.random() < alpha:
+        n += 1
+    return n
 
 
 def test_the_planner_is_source_and_draft_aware():

@@ -15,6 +15,7 @@ from nightjar_worker.planner.nightjar.explore import (
     Candidates,
     PrunedExplorer,
     UniformExplorer,
+    unknown_source,
 )
 from nightjar_worker.planner.nightjar.flips import FlipPricer
 from nightjar_worker.planner.nightjar.gate import AcceptanceGate
@@ -45,6 +46,7 @@ PAPER = Scheme(switch_cost=PaperSwitchCost, pruned_exploration=False, ratio_of_s
                guard_flips=False, warm_schedule=False)
 _PAPER_OFF = {"share_neighbours": False, "eliminate": False, "monotone_prior": False, "hysteresis": 0.0,
               "normalise_batch": False, "growing_window": False, "prefill_correction": False, "pool_yield": False,
+              "source_model": False,
               "min_acceptance": 0.0}
 
 
@@ -100,7 +102,7 @@ class NightjarPolicy:
         self.estimator.configure(correct_prefill=k.prefill_correction, share=k.share_neighbours,
                                  share_weight=k.share_weight, normalise=k.normalise_batch, discount=k.discount,
                                  growing_window=k.growing_window, ratio_of_sums=self.scheme.ratio_of_sums,
-                                 pool_yield=k.pool_yield)
+                                 pool_yield=k.pool_yield, source_model=k.source_model)
         self.prefill.configure(amortise=k.prefill_correction and k.amortise_draft_prefill)
         self._step_price = self.prefill.amortise and k.step_prefill_price
         for gate in self.gates.values():
@@ -282,8 +284,14 @@ class NightjarPolicy:
                     best = cur
             sc.note_best(best)
         choice = best
-        if best < 0 or self.rng.random() < sc.explore_probability(cfg.explore_scale, cfg.explore_floor):
-            k = Candidates(c=c, cand=cand, means=means, counts=counts, eff=eff, best=best)
+        pred = self.estimator.predictions(c)  # the source model's (None when off)
+        if (best < 0 or unknown_source(self.armset, cand, means, pred)
+                or self.rng.random() < sc.explore_probability(cfg.explore_scale, cfg.explore_floor)):
+            bound = self.estimator.predictions(c, optimistic=True) if pred is not None else None
+            if pred is not None and bound is not None:
+                pred, bound = ([(m + self.flips.penalty(c, i, on_now)) if m is not None else None for i, m in enumerate(x)]
+                               for x in (pred, bound))
+            k = Candidates(c=c, cand=cand, means=means, counts=counts, eff=eff, best=best, pred=pred, bound=bound)
             pick = self.explorer.choose(k, on_now, self._slo)
             if pick is not None:
                 choice = pick
@@ -307,7 +315,8 @@ class NightjarPolicy:
         on_now = self._drafting_now()
         if self._step_price and on_now:
             means = self.estimator.priced_at_step(c, means, prompt_tokens)
-        same = _known(means, [i for i in self._candidates(c) if self.armset.drafting[i] == on_now])
+        same = _known(means, [i for i in self._candidates(c) if self.armset.drafting[i] == on_now
+                              and (self.draft_available or not self.armset.drafting[i])])
         if not same:
             return a
         alt = min(same, key=same.__getitem__)

@@ -8,6 +8,9 @@
   one bucket); snapshots and priors use these units (loss at the bucket's lower edge);
 * ``pool_yield``: a cell's loss is read over its arm's tokens per request pooled over every bucket
   (``yields.py``), not over its own few geometric draws;
+* ``source_model``: that pooled yield shrunk towards the source's geometric acceptance fitted over
+  all its gammas, and ``predictions``: an untried arm's loss from the bucket's step times, linear in
+  gamma per source (``sourcemodel.py``);
 * every arm that runs the draft model is charged the running draft's prefill per generated token
   (``PrefillCost.per_generated_token``), in the bucket's units.
 """
@@ -22,6 +25,7 @@ from nightjar_worker.planner.nightjar import priors as prior_rules
 from nightjar_worker.planner.nightjar.arms import ArmSet
 from nightjar_worker.planner.nightjar.cells import Bucket, less_prefill
 from nightjar_worker.planner.nightjar.prefill import PrefillCost
+from nightjar_worker.planner.nightjar.sourcemodel import SourceModel
 from nightjar_worker.planner.nightjar.yields import TokenYield
 from nightjar_worker.planner.policy import StepFeedback
 
@@ -41,14 +45,18 @@ class Estimator:
         self.discount, self.growing_window, self.ratio_of_sums = 1.0, False, True
         self.yields = TokenYield(len(arms))
         self.pool_yield = False
+        self.model = SourceModel(arms, self.yields)
+        self.source_model = False
 
     def configure(self, *, correct_prefill: bool, share: bool, share_weight: float, normalise: bool,
-                  discount: float, growing_window: bool, ratio_of_sums: bool, pool_yield: bool = False) -> None:
+                  discount: float, growing_window: bool, ratio_of_sums: bool, pool_yield: bool = False,
+                  source_model: bool = False) -> None:
         """The estimation knobs (``PlannerConfig``'s, and the scheme's ``ratio_of_sums``)."""
         self.correct_prefill, self.share, self.share_weight, self.normalise = (
             correct_prefill, share, share_weight, normalise)
         self.discount, self.growing_window, self.ratio_of_sums = discount, growing_window, ratio_of_sums
         self.pool_yield = pool_yield
+        self.source_model = source_model
 
     # -- evidence ----------------------------------------------------------------------------------
     def observe(self, c: int, i: int, step: StepFeedback, time_s: float) -> None:
@@ -128,9 +136,53 @@ class Estimator:
                 out = [less_prefill(x.loss_sum, x.prompt_sum, b_on if on else b_off)
                        for on, x in zip(self.arms.drafting, cells, strict=True)]
         if self.pool_yield:
-            y = self.yields
+            y = self.model if self.source_model else self.yields
             out = [v * y.rescale(i, x.tokens_per_request()) for i, (v, x) in enumerate(zip(out, cells, strict=True))]
         return out
+
+    def predictions(self, c: int, optimistic: bool = False) -> list[float | None] | None:
+        """Per arm of bucket c, its loss predicted by the source model (``sourcemodel.py``) from the
+        step times per request of the arms the bucket has played (prefill taken out), the draft's
+        prefill charged to gamma > 0 as in ``estimates``; None when ``source_model`` is off.
+        ``optimistic``: the yields at each source's alpha upper bound."""
+        if not self.source_model:
+            return None
+        slopes = self.prefill.slopes() if self.correct_prefill else None
+        times = self._step_times(c, slopes)
+        # a source not tried here: the nearest smaller bucket's relative slope (a step's time grows
+        # faster with gamma at larger batches, so this errs low), and at least the least slope of the
+        # sources tried here (every source's drafts cost at least their verification)
+        here = self.model.relative_slopes(times)
+        floor = min(here.values(), default=0.0)
+        missing = {s for s, g in zip(self.arms.source, self.arms.gamma, strict=True) if g > 0 and s not in here}
+        borrowed: dict[str, float] = {}
+        d = c - 1
+        while missing and d >= 0:
+            for s, r in self.model.relative_slopes(self._step_times(d, slopes)).items():
+                if s in missing:
+                    borrowed[s] = max(r, floor)
+                    missing.discard(s)
+            d -= 1
+        for s in missing:
+            if here:
+                borrowed[s] = floor
+        out = self.model.predict(times, borrowed, optimistic)
+        extra = self.draft_prefill_charge(c)
+        if extra > 0:
+            out = [m + extra if m is not None and self.arms.drafting[i] else m for i, m in enumerate(out)]
+        return out
+
+    def _step_times(self, c: int, slopes: tuple[float, float] | None) -> list[float | None]:
+        """Per arm of bucket c, its step time per request (prefill taken out, in the bucket's units:
+        its loss x its own yield); None before it has played there."""
+        times: list[float | None] = []
+        for on, x in zip(self.arms.drafting, self.buckets[c].cells, strict=True):
+            if x.steps == 0 or x.count <= 0 or x.req_sum <= 0:
+                times.append(None)
+                continue
+            loss = x.loss_sum if slopes is None else less_prefill(x.loss_sum, x.prompt_sum, slopes[1] if on else slopes[0])
+            times.append(loss / x.count * x.tok_sum / x.req_sum)
+        return times
 
     def estimates(self, c: int) -> tuple[list[float | None], list[float]]:
         """Smoothed mean loss and effective count per arm of bucket c (priors and neighbour evidence

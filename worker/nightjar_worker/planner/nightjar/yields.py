@@ -18,16 +18,18 @@ from __future__ import annotations
 
 
 class TokenYield:
-    __slots__ = ("tokens", "requests", "decay", "min_requests")
+    __slots__ = ("tokens", "requests", "decay", "min_requests", "steps")
 
     def __init__(self, arms: int, *, halflife_steps: int = 4096, min_requests: float = 32.0) -> None:
         self.tokens = [0.0] * arms  # tokens emitted by the arm's steps (decaying)
         self.requests = [0.0] * arms  # requests in those steps (batch sizes summed, decaying)
         self.decay = 0.5 ** (1.0 / halflife_steps)
         self.min_requests = min_requests  # below this, no pooled yield: the cell's own stands
+        self.steps = 0  # observations (what readers' caches key on)
 
     def observe(self, i: int, tokens: int, batch: int) -> None:
         """A steady-state step of arm i: ``tokens`` emitted by ``batch`` requests; every arm ages."""
+        self.steps += 1
         d = self.decay
         for j in range(len(self.tokens)):
             self.tokens[j] *= d
