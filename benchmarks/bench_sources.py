@@ -25,9 +25,9 @@ Blocks: each policy runs ``BLOCKS`` times (QUICK 2, else 3), interleaved (ABC AB
 the shared machine lands on every policy alike; a ratio is taken per block (policy over nosd, or over
 the cell's best static arm, in the same block) and printed as its median [min-max] over blocks.
 
-The suffix cache: the server keeps ``SUFFIX_CACHE`` outputs in its cross-request tree (runtime
-config ``suffix.cache_requests``), fewer than the requests between two policies' runs of the same
-prompts (checked at start): a Spec-Bench prompt replayed for the next policy must not find its own
+The suffix cache: the server keeps ``SUFFIX_CACHE`` (16) outputs in its cross-request tree (runtime
+config ``suffix.cache_requests``), fewer where the scope has fewer requests between two policies'
+runs of the same prompts (at least 3, one per task category; ``suffix_cache_size``): a Spec-Bench prompt replayed for the next policy must not find its own
 earlier answer (the default 1000 would hand it over). The ``tasks`` prompts repeat within a cell, so
 the cache serves them from the cell's own earlier requests (and its unmeasured wave).
 
@@ -81,11 +81,11 @@ GROUP_SIZE = 3  # Spec-Bench categories per group
 SETTINGS = ("resident", "tight")
 GROUPS = ("tasks", "repeats", "fresh")
 SOURCES = ("draft", "ngram", "suffix")
-SUFFIX_CACHE = 16  # outputs in the suffix cache (see the docstring)
+SUFFIX_CACHE = 16  # outputs in the suffix cache at most (see the docstring and ``suffix_cache_size``)
 LOSSLESS_PER_GROUP = 1
 
 
-def policy_bodies(quick: bool) -> dict[str, dict]:
+def policy_bodies(quick: bool, cache: int = SUFFIX_CACHE) -> dict[str, dict]:
     out: dict[str, dict] = {"nosd": {"policy": "nosd"}}
     for src in SOURCES:
         for k in (2,) if quick and src == "draft" else (2, 4):
@@ -95,7 +95,7 @@ def policy_bodies(quick: bool) -> dict[str, dict]:
     out["nightjar-draft"] = {"policy": "nightjar"}
     out["nightjar-both"] = {"policy": "nightjar", "ngram_arms": arms}
     out["nightjar-all"] = {"policy": "nightjar", "ngram_arms": arms, "suffix_arms": arms}
-    return {name: {"planner": {"max_gamma": K, **body}, "suffix": {"cache_requests": SUFFIX_CACHE}}
+    return {name: {"planner": {"max_gamma": K, **body}, "suffix": {"cache_requests": cache}}
             for name, body in out.items()}
 
 
@@ -165,6 +165,16 @@ def replay_gap(scope: Scope, quick: bool) -> int:
     cell of a policy (its wave and measured requests) runs in between."""
     per_cell = [wave(g, c) + measured(quick, c) for g in scope.groups for c in scope.loads]
     return sum(per_cell) - max(per_cell)
+
+
+def suffix_cache_size(scope: Scope, quick: bool) -> int:
+    """The suffix cache's bound for this scope: ``SUFFIX_CACHE``, below the replay gap; at least 3 (one
+    earlier instance of each task category). Too small a gap is a ``ValueError``."""
+    size = min(SUFFIX_CACHE, replay_gap(scope, quick) - 1)
+    if size < 3:
+        raise ValueError(f"this scope replays a cell's prompts after {replay_gap(scope, quick)} other requests: "
+                         "a replay would find its own answer in the suffix cache (run more groups or loads)")
+    return size
 
 
 def switch(url: str, body: dict) -> None:
@@ -316,9 +326,9 @@ async def suffix_cache(srv: ServerProcess) -> dict[str, float]:
             "cached_requests": loadgen.metric_sum(m, "nightjar_suffix_cached_requests")}
 
 
-def _config_file(out: Path) -> Path:
+def _config_file(out: Path, cache: int) -> Path:
     p = out / "nightjar-runtime.json"
-    p.write_text(json.dumps({"suffix": {"cache_requests": SUFFIX_CACHE}}) + "\n")
+    p.write_text(json.dumps({"suffix": {"cache_requests": cache}}) + "\n")
     return p
 
 
@@ -333,8 +343,9 @@ def run_setting(setting: str, pair: str, out: Path, scope: Scope, quick: bool, m
     print(f"[{setting}] starting the server ...", flush=True)
     res: dict[str, Any] = {"cells": {}, "blocks": {}, "texts": {}}
     per_cal = 1 if quick else 2
+    cache = suffix_cache_size(scope, quick)
     args = [*pair_args(pair), "--scheduler", "nightjar", "--num-speculative-tokens", str(K),
-            "--config", str(_config_file(out))]
+            "--config", str(_config_file(out, cache))]
     with ServerProcess(args, env=env, log_path=out / f"server-{setting}.log") as srv:
         res["server_start_s"] = round(time.perf_counter() - t0, 1)
         pool = loadgen.fit_to_context(srv.url, srv.model_name(), loadgen.load_prompts(), max_tokens)
@@ -349,7 +360,7 @@ def run_setting(setting: str, pair: str, out: Path, scope: Scope, quick: bool, m
         tasks = loadgen.fit_to_context(srv.url, srv.model_name(), repeated_task_prompts(need // 3 + 1), max_tokens)
         sets = {g: cell_prompts(g, tasks if g == "tasks" else spec[g], scope.loads, quick) for g in scope.groups}
         lossless = [p for g in scope.groups for p in sets[g][1]]
-        bodies = policy_bodies(quick)
+        bodies = policy_bodies(quick, cache)
         pols = [p for p in scope.policies if not (setting == "tight" and p.startswith("draft-"))]  # draft: nosd there
         for b in range(scope.blocks):
             for name in pols:
@@ -494,9 +505,10 @@ def main(argv: list[str] | None = None) -> int:
         scope = parse_scope(quick, *(os.environ.get(k, "") for k in ("POLICIES", "LOADS", "SETTINGS", "GROUPS", "BLOCKS")))
     except ValueError as e:
         ap.error(str(e))
-    if (gap := replay_gap(scope, quick)) <= SUFFIX_CACHE:
-        ap.error(f"this scope replays a cell's prompts after {gap} other requests, within the suffix cache's "
-                 f"{SUFFIX_CACHE}: the replay would find its own answer (run more groups or loads)")
+    try:
+        cache_size = suffix_cache_size(scope, quick)
+    except ValueError as e:
+        ap.error(str(e))
     set_cpu_env()
     max_tokens = args.max_tokens or (48 if quick else 64)
     name = "sources" if args.pair == "bundled" else f"sources-{args.pair}"
@@ -525,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         "over all three sources: " + _fmt(heads["all_vs_best_single_arm"]) + ".",
         "Suffix cache at the end: " + "; ".join(f"{s} {c['bytes'] / 2**20:.2f} MiB, {c['cached_requests']:.0f} outputs"
                                                  for s, c in cache.items())
-        + f" (cache_requests {SUFFIX_CACHE}).",
+        + f" (cache_requests {cache_size}).",
         f"lossless: {identical} of {len(texts_all)} policy runs gave plain decoding's exact text; "
         + ("the others part from it only where its top-2 tokens tied within a bf16 rounding" if lossless else
            "; ".join(f"{k}: {v}" for k, v in report.items() if v)),
@@ -533,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in lines:
         print(line, flush=True)
     (out / "table.md").write_text("\n\n".join([*text, "\n\n".join(lines)]) + "\n")
-    summary = {"pair": args.pair, "quick": quick, "max_tokens": max_tokens, "K": K, "suffix_cache_requests": SUFFIX_CACHE,
+    summary = {"pair": args.pair, "quick": quick, "max_tokens": max_tokens, "K": K, "suffix_cache_requests": cache_size,
                "scope": {"policies": scope.policies, "loads": scope.loads, "settings": scope.settings,
                          "groups": scope.groups, "blocks": scope.blocks},
                **{k: (spread(v)[0] if v else None) for k, v in heads.items()},
