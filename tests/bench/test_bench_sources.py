@@ -18,6 +18,7 @@ from benchmarks.bench_sources import (
     policy_bodies,
     replay_gap,
     resolution,
+    suffix_cache_size,
 )
 
 
@@ -80,6 +81,10 @@ def test_policies_name_their_source_and_keep_the_suffix_cache_bounded():
     # a replayed Spec-Bench prompt must find its answer evicted from the cache
     assert replay_gap(parse_scope(True), True) > bodies["nosd"]["suffix"]["cache_requests"]
     assert replay_gap(parse_scope(True, groups="fresh", loads="1"), True) == 0
+    assert suffix_cache_size(parse_scope(True), True) == 16
+    assert suffix_cache_size(parse_scope(True, loads="1"), True) == 3  # tasks 3 + 3, fresh 1 + 3: gap 4
+    with pytest.raises(ValueError, match="its own answer"):
+        suffix_cache_size(parse_scope(True, groups="fresh", loads="1"), True)
 
 
 def _cells(**blocks: list[float]) -> dict:
