@@ -28,7 +28,7 @@ PINNED = {
     "default": "15d0c8fd899b4d95",
     "paper": "ff8b78ca706caefd",
     "ngram-offload": "a4f927a446dbf5c4",  # the simulator draws n-gram steps from its source table
-    "slo": "6f4776c8fc4575aa",
+    "slo": "15d0c8fd899b4d95",  # = default: a TPOT target alone changes no decision (planner/nightjar/objective.py)
     "priors": "0519c9e91732885c",
 }
 

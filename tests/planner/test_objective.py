@@ -34,30 +34,6 @@ def test_wait_is_the_attainment_quantile_of_the_last_step():
     assert o.first_token_s(0.1) == pytest.approx(0.3)
 
 
-def test_tpot_cap_keeps_the_arms_meeting_it_else_all():
-    o = SloObjective()
-    o.configure(ttft_s=None, tpot_s=0.05, attainment=0.99)
-    assert o.tpot_candidates([0, 1, 2], [0.06, 0.04, None]) == [1, 2]  # unknown: counted as meeting it
-    assert o.tpot_candidates([0, 1], [0.06, 0.07]) == [0, 1]  # none meets it: throughput decides
-    o.configure(ttft_s=1.0, tpot_s=None, attainment=0.99)
-    assert o.tpot_candidates([0, 1], [9.0, 9.0]) == [0, 1]
-
-
-def test_predicted_tpot_counts_the_prompts_prefilled_in_the_steps():
-    """Long prompts: the prefill merged into a request's steps weighs on its time per token, so a
-    cap is judged on the decode time and the prefill together."""
-    prof = CostProfile.load(ROOFLINE)
-    pol = build_policy(PlannerConfig(max_batch=prof.max_batch, seed=1, slo_tpot_s=1.0), prof)
-    Simulator(prof, make_requests([(4.0, 8.0)], 1, long_prompt_workload()), seed=1).run(pol)
-    c = pol.bucket(8)
-    means, _ = pol.estimator.estimates(c)
-    decode = [pol.estimator.step_seconds(c, 8, m) if m is not None else None for m in means]
-    full = pol._tpots(c)
-    known = [i for i, m in enumerate(means) if m is not None]
-    # ~600-token prompts at ~150 output tokens: about 4 prompt tokens per output token, +18 % at batch 8
-    assert known and all(full[i] > decode[i] * 1.1 for i in known)
-
-
 @pytest.mark.parametrize("bad", [{"ttft_s": 0.0}, {"tpot_s": -1.0}, {"attainment": 0.0}, {"attainment": 1.5}])
 def test_configure_rejects(bad):
     kw = {"ttft_s": None, "tpot_s": None, "attainment": 0.99} | bad
@@ -89,6 +65,30 @@ def test_set_slo_carries_the_ttft_target():
     assert (pol.objective.ttft_s, pol.objective.tpot_s, pol.objective.attainment) == (0.5, 0.05, 0.9)
     pol.set_slo(None)
     assert pol.objective.ttft_s is None
+
+
+def test_prompt_step_lengths_from_the_running_arm_and_the_plain_step():
+    o = SloObjective()
+    slopes = (1e-3, 1.5e-3)  # target's, target's + draft's seconds per prompt token
+    assert o.prompt_step_s(100, slopes, None) is None  # nothing known yet
+    assert o.prompt_step_s(100, slopes, 0.2) == pytest.approx((0.25, 0.2))
+    o.observe_step(0.3, prompt_tokens=50)  # a prompt step is not the arm's decode step
+    assert o.prompt_step_s(100, slopes, 0.2) == pytest.approx((0.25, 0.2))
+    o.observe_step(0.04)  # the running arm's decode step
+    assert o.prompt_step_s(100, slopes, 0.2) == pytest.approx((0.19, 0.2))
+    assert o.prompt_step_s(100, slopes, None) == pytest.approx((0.19, 0.14))
+
+
+def test_a_tpot_target_alone_changes_no_decision():
+    """The least-loss arm is the least-TPOT arm (objective.py): a TPOT target, met or not, leaves
+    the per-token planner's decisions as they are."""
+    prof = CostProfile.load(ROOFLINE)
+    reqs = make_requests([(4.0, 8.0)], 1, long_prompt_workload())
+    logs = []
+    for slo in ({}, {"slo_tpot_s": 0.004}, {"slo_tpot_s": 1.0}):
+        pol = build_policy(PlannerConfig(max_batch=prof.max_batch, seed=1, **slo), prof)
+        logs.append(Simulator(prof, reqs, seed=1, record_steps=True).run(pol).step_log)
+    assert logs[0] == logs[1] == logs[2]
 
 
 def test_runtime_config_slo_reaches_the_objective():

@@ -221,8 +221,8 @@ class NightjarPolicy:
             self.stats.switch_cost_s_ema = self.switch.ema
         self.gates[fb.verified_source].observe(fb.num_draft_tokens, fb.num_accepted_tokens)
         self.prefill.observe_workload(fb.prefill_tokens, fb.tokens_emitted)
-        self.objective.observe_step(fb.step_time_s + fb.switch_cost_s)
         i = self.armset.of(fb.source, fb.gamma)
+        self.objective.observe_step(fb.step_time_s + fb.switch_cost_s, fb.prefill_tokens, fb.switch_cost_s)
         if i is None or fill.is_fill:
             return
         t = fb.step_time_s
@@ -232,27 +232,15 @@ class NightjarPolicy:
 
     # -- a new bin -------------------------------------------------------------------------------
     def _candidates(self, c: int) -> list[int]:
-        """Arms meeting the TPOT SLO (``SloObjective.tpot_candidates``),
-        without gamma > 0 while the acceptance gate is closed (neither explored nor exploited: a
-        bucket whose only evidence is one lucky step would otherwise keep speculating)."""
+        """The arms a bin may play: all (a TPOT target needs no filter: ``objective.py``) but gamma > 0
+        while the acceptance gate is closed (neither explored nor exploited: a bucket whose only
+        evidence is one lucky step would otherwise keep speculating)."""
         cand = list(range(len(self._arms)))
-        if self._slo is not None:
-            cand = self.objective.tpot_candidates(cand, self._tpots(c))
         g, src = self._arms, self.armset.source
         closed = {s for s, gate in self.gates.items() if gate.closed()}
         if closed:
             cand = [i for i in cand if g[i] == 0 or src[i] not in closed] or cand
         return cand
-
-    def _tpots(self, c: int) -> list[float | None]:
-        """Per arm, the time per output token a request sees in bucket c: the arm's decode time per
-        token (its mean loss, the running draft's prefill charged) times the batch, plus the prompts
-        prefilled in the steps it runs in (the workload's prompt per generated token x the target's
-        prefill seconds per prompt token x the batch), which long prompts make most of it."""
-        means, _ = self.estimator.estimates(c)
-        b = self.estimator.buckets[c].mean_batch
-        prefill = b * self.prefill.prompt_per_generated() * self.prefill.slopes()[0] if self.estimator.correct_prefill else 0.0
-        return [self.estimator.step_seconds(c, round(b), m) + prefill if m is not None else None for m in means]
 
     def _new_bin(self, c: int) -> int:
         sc, cfg = self.schedules[c], self.config
@@ -292,7 +280,9 @@ class NightjarPolicy:
                 pred, bound = ([(m + self.flips.penalty(c, i, on_now)) if m is not None else None for i, m in enumerate(x)]
                                for x in (pred, bound))
             k = Candidates(c=c, cand=cand, means=means, counts=counts, eff=eff, best=best, pred=pred, bound=bound)
-            pick = self.explorer.choose(k, on_now, self._slo)
+            # no SLO to the explorer: a TPOT target ranks arms as their losses do (``objective.py``),
+            # so the best gamma still does not grow with the batch and the monotone prior holds
+            pick = self.explorer.choose(k, on_now, None)
             if pick is not None:
                 choice = pick
                 if choice != best:
@@ -357,11 +347,8 @@ class NightjarPolicy:
         bin's arm resumes at the next step, unguarded."""
         i0 = self.armset.of("draft", 0)
         plain = self.estimator.plain_step_time(c, batch_size, prompt_tokens)
-        if i0 is None or plain is None:
-            return a
-        off, on = self.prefill.slopes()
-        # the draft's prefill of these prompts; the longer verification is left out (a lower bound)
-        if not self.objective.defer_prefill(plain + (on - off) * prompt_tokens, plain):
+        steps = self.objective.prompt_step_s(prompt_tokens, self.prefill.slopes(), plain)
+        if i0 is None or steps is None or not self.objective.defer_prefill(*steps):
             return a
         self._resume = True
         return i0
