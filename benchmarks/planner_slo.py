@@ -127,7 +127,7 @@ def study(profile_path: str, quick: bool, pool: ProcessPoolExecutor, out: Path, 
         rows = []
         for name in names:
             rows.append([name, *(
-                f"{mean[(wl_name, sh, name)]['goodput']:.0f} / {mean[(wl_name, sh, name)]['attainment']:.3f} / "
+                f"{mean[(wl_name, sh, name)]['goodput']:.4g} / {mean[(wl_name, sh, name)]['attainment']:.3f} / "
                 f"{mean[(wl_name, sh, name)]['latency']:.3g}" for sh in SHAPES)])
         rows.append(["nightjar / best static goodput", *(f"{ratios[wl_name][sh]:.3f}" for sh in SHAPES)])
         rows.append(["  per trace (min-max)", *(
