@@ -35,6 +35,10 @@ class SloTarget(BaseModel):
 
     ttft_p95_ms: int | None = Field(None, ge=1, le=TTFT_P95_MS_MAX, description="time to first token, p95, milliseconds")
     tpot_p95_ms: int | None = Field(None, ge=1, le=TPOT_P95_MS_MAX, description="time per output token, p95, milliseconds")
+    attainment: float | None = Field(
+        None, ge=0, le=1, description="fraction of requests the targets are for (the CRD's spec.slo.attainment); "
+        "the planner judges a first token's wait at this quantile (0 or unset: the planner's slo_attainment)",
+    )
 
 
 class SuffixConfig(BaseModel):

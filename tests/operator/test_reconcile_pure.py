@@ -229,6 +229,7 @@ def test_config_map_is_a_valid_worker_config(raw_spec):
     assert cfg.planner.max_gamma == 6 and cfg.planner.arms == [0, 2, 6]
     assert abs(cfg.planner.switch_cost_s - 0.0125) < 1e-12
     assert cfg.slo.tpot_p95_ms == 80 and cfg.tpot_target_s() == 0.08
+    assert cfg.slo.attainment == 0.99  # the CRD's default, the planner's objective is for it
 
 
 def test_priors_are_carried_over_and_do_not_change_the_hash(raw_spec):

@@ -97,9 +97,10 @@ def test_runtime_config_slo_reaches_the_objective():
     from nightjar_worker.runtime_config import apply_to_policy
 
     pol = build_policy(PlannerConfig())
-    new = parse_runtime_config({"slo": {"ttft_p95_ms": 800, "tpot_p95_ms": 60}})
+    new = parse_runtime_config({"slo": {"ttft_p95_ms": 800, "tpot_p95_ms": 60, "attainment": 0.95}})
     apply_to_policy(pol, None, new)
     assert (pol.objective.ttft_s, pol.objective.tpot_s, pol.slo_tpot_s) == (0.8, 0.06, 0.06)
+    assert pol.objective.attainment == 0.95
     newer = parse_runtime_config({"slo": {"tpot_p95_ms": 60}, "planner": {"slo_ttft_s": 1.5}})
     apply_to_policy(pol, new, newer)
     assert pol.objective.ttft_s == 1.5

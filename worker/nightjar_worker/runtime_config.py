@@ -73,7 +73,7 @@ def apply_to_policy(policy: Any, old: WorkerRuntimeConfig | None, new: WorkerRun
     """Push what changed into the live policy; returns what was applied (for the log).
 
     Duck-typed on the policy's run-time hooks: ``apply_config(PlannerConfig)`` (exploration knobs,
-    switch cost; same arms/buckets), ``set_slo(tpot_s | None)`` and ``set_priors(PlannerPriors)``.
+    switch cost; same arms/buckets), ``set_slo(tpot_s, ttft_s, attainment)`` and ``set_priors(PlannerPriors)``.
     Baselines without these hooks ignore the corresponding part (a static policy learns nothing).
     Order matters: ``apply_config`` resets the SLO to ``planner.slo_tpot_s``, so the effective SLO
     (``slo.tpot_p95_ms`` wins) is set after it.
@@ -86,9 +86,10 @@ def apply_to_policy(policy: Any, old: WorkerRuntimeConfig | None, new: WorkerRun
             hook(new.planner)
             applied.append("planner knobs")
     tpot, ttft = new.tpot_target_s(), _ttft_target_s(new)
-    if knobs_changed or old is None or old.tpot_target_s() != tpot or _ttft_target_s(old) != ttft:
+    if knobs_changed or old is None or old.slo != new.slo:
         if hasattr(policy, "set_slo"):
-            policy.set_slo(tpot, ttft_s=ttft)  # a TTFT target: goodput is the objective
+            att = new.slo.attainment if new.slo is not None and new.slo.attainment else None
+            policy.set_slo(tpot, ttft_s=ttft, attainment=att)  # a TTFT target: goodput is the objective
             applied.append(f"slo tpot={tpot} ttft={ttft}")
     if new.priors is not None and (old is None or old.priors != new.priors):
         if hasattr(policy, "set_priors"):

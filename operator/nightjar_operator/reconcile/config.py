@@ -48,12 +48,13 @@ def runtime_config_dict(spec: NightjarDeploymentSpec, priors: Any = None) -> dic
     cfg: dict[str, Any] = {"planner": planner_dict(spec)}
     if priors is not None:
         cfg["priors"] = priors
-    slo = {}
+    slo: dict[str, Any] = {}
     if spec.slo.ttft_p95_ms is not None:
         slo["ttft_p95_ms"] = spec.slo.ttft_p95_ms
     if spec.slo.tpot_p95_ms is not None:
         slo["tpot_p95_ms"] = spec.slo.tpot_p95_ms
     if slo:
+        slo["attainment"] = spec.slo.attainment  # the planner's goodput objective is for this share
         cfg["slo"] = slo
     if sx := suffix_dict(spec):
         cfg["suffix"] = sx
