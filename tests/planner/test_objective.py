@@ -15,14 +15,17 @@ from nightjar_worker.sim.workload import long_prompt_workload, make_requests
 ROOFLINE = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles" / "roofline-h100-7b.json"
 
 
-def test_defers_only_a_miss_turned_into_a_hit():
+def test_defers_a_miss_turned_into_a_hit_or_a_draining_queue():
     o = SloObjective()
     o.configure(ttft_s=0.10, tpot_s=None, attainment=1.0)
     o.observe_step(0.02)  # the wait: the last step
     assert o.defer_prefill(0.09, 0.07)  # 0.11 misses, 0.09 meets
     assert not o.defer_prefill(0.07, 0.06)  # meets either way
-    assert not o.defer_prefill(0.12, 0.09)  # misses either way (0.11)
-    assert o.deferred == 1
+    assert not o.defer_prefill(0.12, 0.09)  # misses either way (0.11), no queue
+    o.observe_step(0.02, prompt_tokens=300)  # prompt steps back to back: a queue drains
+    assert o.defer_prefill(0.12, 0.09)  # misses either way: the shorter step serves the queue sooner
+    assert not o.defer_prefill(0.07, 0.06)
+    assert o.deferred == 2
     o.configure(ttft_s=None, tpot_s=0.01, attainment=0.99)
     assert not o.defer_prefill(1.0, 0.0)  # no TTFT target: the per-token objective
 

@@ -14,8 +14,10 @@ the end of the step that prefills its prompt, having waited for the step before 
 a step is played at gamma 0 when its first tokens would miss the TTFT target with the draft on and
 meet it with the draft off; the bin's arm resumes at the next step, where the draft catches up on
 those prompts (C_switch): the cost lands in the TPOT of the requests running, spread over their
-outputs, instead of in the new requests' TTFT. A first token that misses either way, or meets it
-either way, keeps the bin's arm (nothing for goodput to gain).
+outputs, instead of in the new requests' TTFT. A first token that meets it either way keeps the
+bin's arm; one that misses either way does too, unless the step before also admitted prompts: then
+a queue is draining (a burst, prompts waiting for the prefill budget), and every shorter prompt
+step brings the first tokens still waiting sooner.
 
 The wait before the step is taken as ``attainment`` x the last step's length (the quantile of an
 arrival uniform inside it that the target is for). Queueing behind a full batch or KV pool is not
@@ -34,6 +36,7 @@ class SloObjective:
         self.attainment = 0.99
         self.last_step_s = 0.0  # the previous step's length, C_switch included
         self.last_decode_s = 0.0  # the last step without prompts or C_switch: the running arm's decode step
+        self.last_prompted = False  # the last step admitted prompts too (back to back: a queue)
         self.deferred = 0  # prompt steps played at gamma 0 for the TTFT target
 
     def configure(self, *, ttft_s: float | None, tpot_s: float | None, attainment: float) -> None:
@@ -47,6 +50,7 @@ class SloObjective:
     def observe_step(self, seconds: float, prompt_tokens: int = 0, switch_s: float = 0.0) -> None:
         """A step ended, ``seconds`` long (C_switch included), with ``prompt_tokens`` prefilled."""
         self.last_step_s = seconds
+        self.last_prompted = prompt_tokens > 0
         if prompt_tokens == 0 and switch_s == 0.0:
             self.last_decode_s = seconds
 
@@ -67,10 +71,12 @@ class SloObjective:
 
     def defer_prefill(self, step_on_s: float, step_off_s: float) -> bool:
         """Play this prompt step at gamma 0: its first tokens miss the TTFT target with the draft on
-        (``step_on_s``: the step's predicted length) and meet it with the draft off (``step_off_s``)."""
+        (``step_on_s``: the step's predicted length) and meet it with the draft off (``step_off_s``),
+        or miss it either way while a queue drains (the last step admitted prompts too)."""
         t = self.ttft_s
         if t is None:
             return False
-        defer = self.first_token_s(step_on_s) > t >= self.first_token_s(step_off_s)
+        on, off = self.first_token_s(step_on_s), self.first_token_s(step_off_s)
+        defer = on > t >= off or (off > t and self.last_prompted)
         self.deferred += defer
         return defer
