@@ -25,11 +25,11 @@ CASES = {  # name -> PlannerConfig fields, toggling the draft's availability eve
     "priors": ({}, 0),
 }
 PINNED = {
-    "default": "15d0c8fd899b4d95",
+    "default": "eb5f79920660527c",
     "paper": "ff8b78ca706caefd",
-    "ngram-offload": "a4f927a446dbf5c4",  # the simulator draws n-gram steps from its source table
-    "slo": "15d0c8fd899b4d95",  # = default: a TPOT target alone changes no decision (planner/nightjar/objective.py)
-    "priors": "0519c9e91732885c",
+    "ngram-offload": "26ff808946fe6e51",  # the simulator draws n-gram steps from its source table
+    "slo": "eb5f79920660527c",  # = default: a TPOT target alone changes no decision (planner/nightjar/objective.py)
+    "priors": "859598a359816f07",
 }
 
 

@@ -57,7 +57,9 @@ def test_a_planner_warm_started_from_the_profile_learns_with_less_regret(prof):
             if warm:
                 pol.set_priors(priors_from_profile(prof, cfg))
             regret[warm] += sum(env.run(pol).losses_s) - best
-    assert regret[True] < 0.5 * regret[False], regret
+    # with the source model (shared acceptance, predicted arms) the cold planner itself pays less:
+    # cold 982 -> 603, warm 305 -> 306 (ratio 0.31 -> 0.51)
+    assert regret[True] < 0.6 * regret[False], regret
 
 
 # -- with speculation sources ---------------------------------------------------------------------
