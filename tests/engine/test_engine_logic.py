@@ -211,6 +211,28 @@ def test_tracker_preemption_and_finish() -> None:
     assert "a" not in tr.synced
 
 
+def test_a_step_without_the_proposal_hook_is_a_gamma0_step_for_the_catchup() -> None:
+    # while the draft's weights are away vLLM skips the proposal hook; the runner hook then does the
+    # bookkeeping (on_skipped), so the resume after the reload catches up on those steps' positions
+    from nightjar_contract.engine import WorkerStepStats
+    from nightjar_worker.engine.catchup import DraftCatchup
+
+    c = DraftCatchup.__new__(DraftCatchup)  # bookkeeping only: no drafter
+    c.tracker = DraftKVTracker()
+    ib = SimpleNamespace(req_ids=["a"], num_computed_tokens_cpu=np.array([10]))
+    c.runner = SimpleNamespace(input_batch=ib)
+    c.tracker.begin_step([("a", 10)])
+    c.tracker.end_step([("a", 10)], proposed=True)  # the last proposing step before the offload
+    for n in (11, 12, 13):
+        ib.num_computed_tokens_cpu = np.array([n])
+        st = WorkerStepStats()
+        c.on_skipped(SimpleNamespace(finished_req_ids=set()), st)
+    assert st.draft_lag_tokens == 2
+    rows = [("a", 14)]
+    c.tracker.begin_step(rows)
+    assert c.tracker.missing(rows) == [(0, 11, 14)]
+
+
 def test_catchup_chunks_respect_the_token_budget() -> None:
     ranges = [(0, 0, 5), (1, 10, 30), (2, 3, 4)]
     chunks = _chunks(ranges, 8)

@@ -167,9 +167,9 @@ def test_all_sources_through_offload_and_reload_are_lossless(engine) -> None:
     a_before, a_after = acceptance(steps[:first_off]), acceptance(after)
     resumes = [x for x in after if x.source == "draft" and x.gamma > 0 and (x.catchup_tokens or 0) > 0]
     assert resumes, "no catch-up after the reload"
-    # measured 1.00 before, 0.72 after: the catch-up misses the positions of the steps run while the
-    # draft was away (vLLM skips the proposal hook then, so the tracker never saw them). Lossless all
-    # the same; the bound is what a draft drafting on a hole still gets here
+    # Measured (one run each, a few dozen drafts): 1.00 before the offload; after the reload 0.72 while
+    # the catch-up missed the steps run with the draft away (vLLM skips the proposal hook then), 0.86
+    # since ``DraftCatchup.on_skipped`` counts them. The bound is loose: what the run can resolve
     assert a_after >= 0.5, f"the reloaded draft's acceptance {a_after:.2f} (before the offload {a_before:.2f})"
     print(f"steps {len(steps)}: {first_off} resident, {len(away)} away, {len(after)} after the reload; "
           f"draft acceptance {a_before:.2f} before, {a_after:.2f} after; largest catch-up "

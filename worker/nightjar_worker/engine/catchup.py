@@ -175,6 +175,16 @@ class DraftCatchup:
         return out
 
 
+    def on_skipped(self, scheduler_output: Any, stats: WorkerStepStats) -> None:
+        """A step vLLM ran without the proposal hook (the draft's weights away: elastic memory): the
+        bookkeeping of a gamma 0 step, so a resume after the reload catches up on its positions
+        (without it the requests of the last proposing step stayed "in sync" across the offload)."""
+        rows = self.rows()
+        self.tracker.begin_step(rows, set(scheduler_output.finished_req_ids or ()))
+        stats.draft_lag_tokens = sum(e - s for _, s, e in self.tracker.missing(rows))
+        self.tracker.end_step(rows, proposed=False)
+
+
 def _chunks(ranges: list[tuple[int, int, int]], budget: int) -> list[list[tuple[int, int, int]]]:
     """Split ranges into forwards of at most ``budget`` tokens (long ranges are split by position)."""
     out: list[list[tuple[int, int, int]]] = []

@@ -100,7 +100,9 @@ def install() -> bool:
         k = int(so.num_spec_tokens_to_schedule) if so is not None else 0
         source = getattr(so, "nightjar_source", "draft") if k > 0 else "draft"
         out = orig_sample(self, grammar_output)
-        if isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT and _catchup(self):
+        if isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT and (c := _catchup(self)):
+            if not stats.hook_ran and so is not None:
+                c.on_skipped(so, stats)  # the draft's KV missed this step: caught up at the next resume
             sfx = _suffix(self)
             if sfx is not None:  # every step's tokens, whichever source drafted them
                 sfx.observe(out.sampled_token_ids, self.input_batch)
