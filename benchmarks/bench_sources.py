@@ -258,11 +258,13 @@ def cell_prompts(group: str, ps: list, loads: tuple[int, ...], quick: bool, loss
     return out, ps[len(ps) - lossless:]
 
 
-async def calibrate(srv: ServerProcess, pool: list, per_category: int, max_tokens: int) -> dict[str, float | None]:
+async def calibrate(srv: ServerProcess, pool: list, per_category: int, max_tokens: int, cache: int
+                    ) -> dict[str, float | None]:
     """n-gram acceptance per category (static n-gram gamma 3, ``per_category`` prompts each, c=1)."""
     import httpx
 
-    switch(srv.url, {"planner": {"max_gamma": K, "policy": "static", "static_gamma": 3, "static_source": "ngram"}})
+    switch(srv.url, {"planner": {"max_gamma": K, "policy": "static", "static_gamma": 3, "static_source": "ngram"},
+                     "suffix": {"cache_requests": cache}})  # the file the worker's trees read keeps the bound
     client, model, out = openai_client(srv.url), srv.model_name(), {}
     async with httpx.AsyncClient(timeout=30) as http:
         for cat, ps in _calibration_prompts(pool, per_category).items():
@@ -350,7 +352,7 @@ def run_setting(setting: str, pair: str, out: Path, scope: Scope, quick: bool, m
         res["server_start_s"] = round(time.perf_counter() - t0, 1)
         pool = loadgen.fit_to_context(srv.url, srv.model_name(), loadgen.load_prompts(), max_tokens)
         if groups is None:
-            res["calibration"] = asyncio.run(calibrate(srv, pool, per_cal, max_tokens))
+            res["calibration"] = asyncio.run(calibrate(srv, pool, per_cal, max_tokens, cache))
             groups = groups_by_repetition(res["calibration"])
             print("  n-gram acceptance per category: " + ", ".join(
                 f"{k} {_acc(a)}" for k, a in res["calibration"].items()) + f"; groups {groups}", flush=True)
@@ -542,6 +544,11 @@ def main(argv: list[str] | None = None) -> int:
         + ("the others part from it only where its top-2 tokens tied within a bf16 rounding" if lossless else
            "; ".join(f"{k}: {v}" for k, v in report.items() if v)),
     ]
+    held = all(c["cached_requests"] <= cache_size for c in cache.values())
+    if not held:  # then a replayed prompt could find its own answer: the suffix figures are not fresh ones
+        lines.insert(3, f"WARNING: the engine kept more outputs than the bound {cache_size}: the suffix cache did not "
+                        "take the runtime config's suffix.cache_requests, and replayed prompts could draft their own "
+                        "earlier answers (suffix and nightjar-all figures over-state fresh traffic).")
     for line in lines:
         print(line, flush=True)
     (out / "table.md").write_text("\n\n".join([*text, "\n\n".join(lines)]) + "\n")
@@ -549,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
                "scope": {"policies": scope.policies, "loads": scope.loads, "settings": scope.settings,
                          "groups": scope.groups, "blocks": scope.blocks},
                **{k: (spread(v)[0] if v else None) for k, v in heads.items()},
-               "blocks_of": heads, "block_spread": res_spread, "suffix_cache": cache,
+               "blocks_of": heads, "block_spread": res_spread, "suffix_cache": cache, "suffix_cache_bound_held": held,
                "lossless": lossless, "lossless_report": report, "identical_texts": identical, "results": results}
     write_json(out / "results.json", summary)
     if missing := [k for k, v in heads.items() if not v]:
