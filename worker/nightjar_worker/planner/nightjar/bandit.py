@@ -243,15 +243,18 @@ class NightjarPolicy:
         return cand
 
     def _new_bin(self, c: int) -> int:
-        sc, cfg = self.schedules[c], self.config
-        left = sc.next_bin(cfg.max_block_exp) - 1  # steps after this one
-        exploring = False
+        cfg = self.config
         st = self.stats
         st.bins += 1
         v = self.estimator.reconcile_priors(c, cfg.confidence_z)
         if v is not None:
             st.prior_rescales += v.rescaled
             st.priors_dropped += v.dropped
+            if v.forgotten:  # the warm start is void: every bucket explores as a cold one
+                self.schedules[:] = [Schedule() for _ in self.schedules]
+        sc = self.schedules[c]
+        left = sc.next_bin(cfg.max_block_exp) - 1  # steps after this one
+        exploring = False
         means, counts = self.estimator.estimates(c)
         self.flips.note_gain(c, means)
         cand = self._candidates(c)

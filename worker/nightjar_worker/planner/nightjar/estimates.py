@@ -99,7 +99,12 @@ class Estimator:
     def reconcile_priors(self, c: int, z: float) -> prior_rules.Verdict | None:
         """Bucket c's priors against its own evidence (``priors.reconcile``); None without priors."""
         bk = self.buckets[c]
-        return prior_rules.reconcile(bk, self.corrected(c), bk.cvs, z) if bk.has_prior else None
+        if not bk.has_prior:
+            return None
+        v = prior_rules.reconcile(bk, self.corrected(c), bk.cvs, z)
+        if v.gross:  # the fleet worked under other conditions: forget every prior
+            return prior_rules.Verdict(v.rescaled, v.dropped + prior_rules.clear(self.buckets), v.judged, v.gross, True)
+        return v
 
     # -- reading -------------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -14,6 +14,12 @@ bucket that has priors:
 * Otherwise the conflicting arms' priors are wrong for this worker and are dropped, so a wrong
   prior costs a few observations of that arm, not the time it takes the discount to erode it; they
   are kept aside to recognise a level shift later.
+
+A dropped prior more than ``GROSS`` times off (``Verdict.gross``) says the fleet worked under other
+conditions (another machine or pair): bucket by bucket only the arms the worker plays are judged,
+and the others keep a prior wrong in level and shape (a CPU fleet's arms, 100x slower than this
+worker's own gamma 0 once its prior was dropped, kept gamma 0 played for good), so the estimator
+then forgets every prior (``clear``).
 """
 
 from __future__ import annotations
@@ -56,6 +62,24 @@ def load(buckets: list[Bucket], edges: tuple[int, ...], arms: ArmSet, priors: Pl
 class Verdict:
     rescaled: bool = False
     dropped: int = 0
+    judged: int = 0  # arms with a standing prior and enough own evidence to be judged against it
+    gross: bool = False  # a dropped prior was off by more than ``GROSS`` times
+    forgotten: bool = False  # every bucket's priors were forgotten (``gross``)
+
+
+def clear(buckets: list[Bucket]) -> int:
+    """Forget every bucket's priors; returns how many (bucket, arm) priors stood."""
+    n = 0
+    for bk in buckets:
+        for x in bk.cells:
+            n += x.prior_count > 0
+            x.clear_prior()
+        bk.has_prior = False
+        bk.dropped = {}
+    return n
+
+
+GROSS = 4.0  # a prior this many times off its arm's own mean is no noise: another machine or pair
 
 
 def reconcile(bk: Bucket, corrected: list[float], cvs: Callable[[], list[float]], z: float) -> Verdict:
@@ -81,9 +105,10 @@ def reconcile(bk: Bucket, corrected: list[float], cvs: Callable[[], list[float]]
         own = corrected[i] / x.count
         bad = abs(own - prior) > z * cv[i] * max(own, prior) * math.sqrt(1.0 / k + 1.0 / kp)
         judged.append((i, own, prior, k, bad))
+    live = sum(1 for i, *_ in judged if cells[i].prior_count > 0)
     if not any(bad and cells[i].prior_count > 0 for i, _, _, _, bad in judged):
-        return Verdict()
-    verdict = Verdict()
+        return Verdict(judged=live)
+    verdict = Verdict(judged=live)
     same_way = len({own > prior for _, own, prior, _, _ in judged}) == 1
     if len(judged) >= 2 and same_way and all(bad for *_, bad in judged):
         weight = sum(k for _, _, _, k, _ in judged)
@@ -94,14 +119,15 @@ def reconcile(bk: Bucket, corrected: list[float], cvs: Callable[[], list[float]]
             cells[i].prior_count = kp * bk.w
             cells[i].prior_loss_sum = cells[i].prior_count * prior * r
         dropped.clear()
-        verdict = Verdict(rescaled=True)
+        verdict = Verdict(rescaled=True, judged=live)
     else:
-        n = 0
-        for i, _, prior, _, bad in judged:
+        n, gross = 0, False
+        for i, own, prior, _, bad in judged:
             if bad and cells[i].prior_count > 0:
                 dropped[i] = (prior, cells[i].prior_count * inv)
                 cells[i].clear_prior()
                 n += 1
-        verdict = Verdict(dropped=n)
+                gross = gross or max(own / prior, prior / own) > GROSS
+        verdict = Verdict(dropped=n, judged=live, gross=gross)
     bk.has_prior = any(x.prior_count > 0 for x in cells)
     return verdict
