@@ -60,14 +60,19 @@ def test_a_bad_source_entry_names_its_field():
         Source("x", "gpu")
 
 
-def test_a_third_source_is_one_more_entry(tmp_path):
+def _with_suffix(tmp_path, prof: CostProfile, alpha: float) -> SourceTable:
+    """The committed table plus a ``suffix`` host entry for ``prof`` (acceptance ``alpha``)."""
     data = json.loads(SOURCES_PATH.read_text())
-    prof = CostProfile.load(BUNDLED)
-    data["profiles"][prof.name]["sources"]["suffix"] = {"proposer": "host", "alpha": {"all": 0.5},
+    data["profiles"][prof.name]["sources"]["suffix"] = {"proposer": "host", "alpha": {"all": alpha},
                                                         "verify_per_draft_token": 0.1}
     p = tmp_path / "sources.json"
     p.write_text(json.dumps(data))
-    table = SourceTable.for_profile(prof, p)
+    return SourceTable.for_profile(prof, p)
+
+
+def test_a_third_source_is_one_more_entry(tmp_path):
+    prof = CostProfile.load(BUNDLED)
+    table = _with_suffix(tmp_path, prof, 0.5)
     assert table.names() == ("draft", "ngram", "suffix")
     assert table["suffix"].step_time(prof, 1, 2) == pytest.approx(prof.step_time(1, 0) * 1.2)
 
@@ -175,13 +180,8 @@ def test_the_regret_environment_counts_every_source_against_the_multi_source_ora
 def test_a_suffix_source_is_simulated_and_planned_like_prompt_lookup(tmp_path):
     """A calibrated ``suffix`` host entry (any host source is generic): its static arm never needs the
     draft (its blocks are KV cache), and Nightjar with ``suffix_arms`` plays it, the draft offloaded."""
-    data = json.loads(SOURCES_PATH.read_text())
     prof = CostProfile.load(QWEN)
-    data["profiles"][prof.name]["sources"]["suffix"] = {"proposer": "host", "alpha": {"all": 0.85},
-                                                        "verify_per_draft_token": 0.1}
-    p = tmp_path / "sources.json"
-    p.write_text(json.dumps(data))
-    table = SourceTable.for_profile(prof, p)
+    table = _with_suffix(tmp_path, prof, 0.85)
     reqs = make_requests([(60.0, 0.3)], 3)
     draft = Simulator(prof, reqs, sources=table).run(_static(prof, 2))
     sfx = Simulator(prof, reqs, sources=table).run(_static(prof, 2, "suffix"))
