@@ -253,10 +253,10 @@ def test_exploration_tries_what_the_bucket_has_not_and_the_paper_draws_uniformly
     means, counts = est.estimates(1)
     k = Candidates(c=1, cand=[0, 1, 2], means=means, counts=counts, eff=[0.02, 0.015, None], best=1)
     k.eff = [0.02, 0.015, None]
-    assert ex.choose(k, on_now=True, slo=None) == 2  # untried
+    assert ex.choose(k, on_now=True) == 2  # untried
     assert ex.hold(k, 2, left=5, raising=True) == 1  # n + 1 steps: 0 observations, one more for the fill
     uni = UniformExplorer(random.Random(0))
-    assert {uni.choose(k, True, None) for _ in range(50)} == {0, 1, 2} and uni.hold(k, 2, 5, True) == 5
+    assert {uni.choose(k, True) for _ in range(50)} == {0, 1, 2} and uni.hold(k, 2, 5, True) == 5
 
 
 def test_source_then_gamma_skips_the_other_gammas_of_a_clearly_losing_source():
@@ -275,7 +275,7 @@ def test_source_then_gamma_skips_the_other_gammas_of_a_clearly_losing_source():
         ex = PrunedExplorer(random.Random(0), est.arms, est, sched, flips, monotone=False, eliminate=False,
                             source_first=on)
         k = Candidates(c=1, cand=[0, 1, 2, 3, 4], means=means, counts=counts, eff=eff, best=0)
-        picks.add((on, frozenset(ex.choose(k, on_now=False, slo=None) for _ in range(40))))
+        picks.add((on, frozenset(ex.choose(k, on_now=False) for _ in range(40))))
     assert (True, frozenset({3, 4})) in picks  # n-gram's arms, never draft gamma 2
     assert any(not on and 2 in p for on, p in picks)  # without it, draft gamma 2 is explored too
     # once n-gram gamma 1 has been tried and holds its own, n-gram gamma 2 is still worth a try
@@ -283,7 +283,7 @@ def test_source_then_gamma_skips_the_other_gammas_of_a_clearly_losing_source():
     means, counts = est.estimates(1)
     ex = PrunedExplorer(random.Random(0), est.arms, est, sched, flips, monotone=False, eliminate=False)
     k = Candidates(c=1, cand=[0, 1, 2, 3, 4], means=means, counts=counts, eff=list(means), best=0)
-    assert ex.choose(k, on_now=False, slo=None) == 4
+    assert ex.choose(k, on_now=False) == 4
 
 
 def test_the_monotone_prior_keeps_exploration_between_the_neighbours_best_arms():
@@ -294,7 +294,7 @@ def test_the_monotone_prior_keeps_exploration_between_the_neighbours_best_arms()
     _observe(est.buckets[2], 0, 0.01, steps=200)  # bucket 4 (larger batch) is established on gamma 1
     sched[2].best = 1
     k = Candidates(c=1, cand=[0, 1, 2], means=[None] * 3, counts=[0.0] * 3, eff=[None] * 3, best=-1)
-    picks = {ex.choose(k, on_now=True, slo=None) for _ in range(30)}
+    picks = {ex.choose(k, on_now=True) for _ in range(30)}
     assert picks <= {1, 2}  # never below the larger batch's best gamma
 
 
@@ -485,14 +485,14 @@ def test_explorer_skips_arms_predicted_to_lose_and_tries_the_predicted_best_firs
     pred = [1.0, None, 0.98, 0.85, 1.6]  # ngram 3 predicted 1.6x gamma 0: skipped
     k = Candidates(c=1, cand=list(range(5)), means=means, counts=counts, eff=list(means), best=0, pred=pred,
                    bound=pred)
-    picks = {ex.choose(k, on_now=False, slo=None) for _ in range(20)}
+    picks = {ex.choose(k, on_now=False) for _ in range(20)}
     assert picks == {1}  # the draft (no prediction: it anchors its line) first
     k.pred = k.bound = [1.0, 1.2, 0.98, 0.85, 1.6]
-    assert ex.choose(k, on_now=False, slo=None) == 3  # then the lowest prediction; ngram 3 never
+    assert ex.choose(k, on_now=False) == 3  # then the lowest prediction; ngram 3 never
     k.pred = k.bound = [1.0, 1.5, 1.05, 1.5, 1.6]
-    assert ex.choose(k, on_now=False, slo=None) == 2  # 1.05 x 0.9 is within the best's bound (1.0); 1.5 not
+    assert ex.choose(k, on_now=False) == 2  # 1.05 x 0.9 is within the best's bound (1.0); 1.5 not
     k.pred, k.bound = [1.0, 1.5, 1.5, 1.5, 1.6], [1.0, 1.5, 1.05, 1.5, 1.6]
-    assert ex.choose(k, on_now=False, slo=None) == 2  # pruning reads the optimistic bound
+    assert ex.choose(k, on_now=False) == 2  # pruning reads the optimistic bound
     assert unknown_source(arms, list(range(5)), means, [1.0, None, None, None, None])  # both sources unknown
     assert not unknown_source(arms, list(range(5)), means, [1.0, 1.2, None, 0.9, None])
     assert not unknown_source(arms, list(range(5)), means, None)  # the source model off

@@ -97,7 +97,7 @@ class NightjarPolicy:
     # -- configuration ---------------------------------------------------------------------
     def _apply_knobs(self, config: PlannerConfig) -> None:
         k = config.model_copy(update=_PAPER_OFF) if config.paper_mode else config
-        self._slo, self._hyst = k.slo_tpot_s, k.hysteresis
+        self._hyst = k.hysteresis
         self.objective.configure(ttft_s=k.slo_ttft_s, tpot_s=k.slo_tpot_s, attainment=k.slo_attainment)
         self.estimator.configure(correct_prefill=k.prefill_correction, share=k.share_neighbours,
                                  share_weight=k.share_weight, normalise=k.normalise_batch, discount=k.discount,
@@ -126,11 +126,8 @@ class NightjarPolicy:
     def set_slo(self, tpot_s: float | None, ttft_s: float | None = None, attainment: float | None = None) -> None:
         """TPOT target (seconds per output token per request) the chosen arm must meet when it can;
         with a TTFT target too, goodput is the objective (``objective.py``)."""
-        if tpot_s is not None and not tpot_s > 0:
-            raise ValueError(f"slo_tpot_s: must be > 0 (got {tpot_s})")
         self.objective.configure(ttft_s=ttft_s, tpot_s=tpot_s,
                                  attainment=self.objective.attainment if attainment is None else attainment)
-        self._slo = tpot_s
         self._end_bins()
 
     def set_priors(self, priors: PlannerPriors) -> None:
@@ -176,7 +173,7 @@ class NightjarPolicy:
     @property
     def slo_tpot_s(self) -> float | None:
         """The TPOT target in force (``set_slo`` or the config's)."""
-        return self._slo
+        return self.objective.tpot_s
 
     # -- step contract -----------------------------------------------------------------------
     def bucket(self, batch_size: int) -> int:
@@ -283,9 +280,9 @@ class NightjarPolicy:
                 pred, bound = ([(m + self.flips.penalty(c, i, on_now)) if m is not None else None for i, m in enumerate(x)]
                                for x in (pred, bound))
             k = Candidates(c=c, cand=cand, means=means, counts=counts, eff=eff, best=best, pred=pred, bound=bound)
-            # no SLO to the explorer: a TPOT target ranks arms as their losses do (``objective.py``),
-            # so the best gamma still does not grow with the batch and the monotone prior holds
-            pick = self.explorer.choose(k, on_now, None)
+            # a TPOT target ranks arms as their losses do (``objective.py``): the best gamma still
+            # does not grow with the batch, so the monotone prior holds under an SLO too
+            pick = self.explorer.choose(k, on_now)
             if pick is not None:
                 choice = pick
                 if choice != best:

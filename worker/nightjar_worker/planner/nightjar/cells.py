@@ -35,23 +35,23 @@ class Cell:
     ``tok_sum`` give loss_sum / count and prompt_sum / count; ``cost_sum``, ``cost_sq_sum``,
     ``cost_tok_sum``, ``tok_sq_sum``: sums of a, a^2, a*b, b^2 (a = a step's cost, its loss x
     tokens; b = its tokens) for the noise of the ratio-of-sums mean; ``tok_sum``: tokens;
-    ``tpot_sum``: per-request time per token; ``req_sum``: requests (batch sizes); ``prior_count``, ``prior_loss_sum``: the prior's
+    ``req_sum``: requests (batch sizes); ``prior_count``, ``prior_loss_sum``: the prior's
     count and loss sum (same scaling).
     Not weighted: ``steps`` (undiscounted observations), ``prompt_centre``, ``time_centre``
     (moving means of the cell's prompt tokens and step time, the centre of the within-cell
     prefill regression)."""
 
     __slots__ = ("steps", "count", "loss_sum", "cost_sum", "cost_sq_sum", "cost_tok_sum", "tok_sq_sum",
-                 "tok_sum", "tpot_sum", "prompt_sum", "time_sum", "prompt_tok_sum", "prior_count",
+                 "tok_sum", "prompt_sum", "time_sum", "prompt_tok_sum", "prior_count",
                  "prior_loss_sum", "prompt_centre", "time_centre", "req_sum")
     WEIGHTED = ("count", "loss_sum", "cost_sum", "cost_sq_sum", "cost_tok_sum", "tok_sq_sum", "tok_sum",
-                "tpot_sum", "prompt_sum", "time_sum", "prompt_tok_sum", "prior_count", "prior_loss_sum", "req_sum")
+                "prompt_sum", "time_sum", "prompt_tok_sum", "prior_count", "prior_loss_sum", "req_sum")
     UNWEIGHTED = ("steps", "prompt_centre", "time_centre")
 
     def __init__(self) -> None:
         self.steps = 0
         self.count = self.loss_sum = self.cost_sum = self.cost_sq_sum = self.cost_tok_sum = 0.0
-        self.tok_sq_sum = self.tok_sum = self.tpot_sum = self.req_sum = 0.0
+        self.tok_sq_sum = self.tok_sum = self.req_sum = 0.0
         self.prompt_sum = self.time_sum = self.prompt_tok_sum = self.prior_count = self.prior_loss_sum = 0.0
         self.prompt_centre: float | None = None
         self.time_centre = 0.0
@@ -83,7 +83,6 @@ class Cell:
             self.prompt_sum = self.prompt_tok_sum * r
         else:
             self.loss_sum += w * t * (normf / tokens)  # the mean of per-step losses
-        self.tpot_sum += w * t * max(1, batch) / tokens
 
     def tokens_per_step(self, default: float) -> float:
         """Mean tokens a step of this arm emits (``default`` before it has played)."""
@@ -92,10 +91,6 @@ class Cell:
     def tokens_per_request(self) -> float | None:
         """Mean tokens a request gets per step of this arm in this cell (None before it has played)."""
         return self.tok_sum / self.req_sum if self.req_sum > 0 else None
-
-    def mean_tpot(self) -> float | None:
-        """Per-request time per token, None before the arm has played."""
-        return self.tpot_sum / self.count if self.count > 0 else None
 
     def clear_prior(self) -> None:
         self.prior_count = self.prior_loss_sum = 0.0

@@ -126,10 +126,6 @@ class Estimator:
         x = bk.cells[i]
         return x.steps == 0 and x.prior_count * (1.0 / bk.w) < 1.0
 
-    def mean_tpots(self, c: int) -> list[float | None]:
-        """Per arm of bucket c, its per-request time per token (None before it played)."""
-        return [x.mean_tpot() for x in self.buckets[c].cells]
-
     def corrected(self, c: int, slopes: tuple[float, float] | None = None) -> list[float]:
         """Loss sums of bucket c with the learnt prefill cost of each arm's state taken out
         (``slopes``: ``prefill.slopes()`` when the caller already has them)."""

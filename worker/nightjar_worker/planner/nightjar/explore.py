@@ -74,7 +74,7 @@ class UniformExplorer:
     def configure(self, *, monotone: bool, eliminate: bool, z: float, source_first: bool = True) -> None:
         """Nothing to set: the paper's draw has no knobs."""
 
-    def choose(self, k: Candidates, on_now: bool, slo: float | None) -> int | None:
+    def choose(self, k: Candidates, on_now: bool) -> int | None:
         return self.rng.choice(k.cand) if k.cand else None
 
     def hold(self, k: Candidates, choice: int, left: int, raising: bool) -> int:
@@ -99,9 +99,9 @@ class PrunedExplorer:
     def configure(self, *, monotone: bool, eliminate: bool, z: float, source_first: bool = True) -> None:
         self.monotone, self.eliminate, self.z, self.source_first = monotone, eliminate, z, source_first
 
-    def choose(self, k: Candidates, on_now: bool, slo: float | None) -> int | None:
+    def choose(self, k: Candidates, on_now: bool) -> int | None:
         """The arm to explore, or None when nothing is worth it."""
-        pool = self._pool(k, on_now, slo)
+        pool = self._pool(k, on_now)
         return self._pick(k, pool) if pool else None
 
     def hold(self, k: Candidates, choice: int, left: int, raising: bool) -> int:
@@ -110,10 +110,10 @@ class PrunedExplorer:
         hold = min(left, int(k.counts[choice]))
         return max(hold, 1) if raising else hold
 
-    def _pool(self, k: Candidates, on_now: bool, slo: float | None) -> list[int]:
+    def _pool(self, k: Candidates, on_now: bool) -> list[int]:
         c, best, eff, counts = k.c, k.best, k.eff, k.counts
         pool = list(k.cand)
-        if self.monotone and slo is None:
+        if self.monotone:
             hi = self._neighbour_best(c, -1)  # best gamma of a smaller-batch bucket: upper bound
             lo = self._neighbour_best(c, +1)  # best gamma of a larger-batch bucket: lower bound
             g, src = self.arms.gamma, self.arms.source
