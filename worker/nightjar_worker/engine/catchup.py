@@ -174,7 +174,6 @@ class DraftCatchup:
         stats.draft_forwards += self.forward_count - f0
         return out
 
-
     def on_skipped(self, scheduler_output: Any, stats: WorkerStepStats) -> None:
         """A step vLLM ran without the proposal hook (the draft's weights away: elastic memory): the
         bookkeeping of a gamma 0 step, so a resume after the reload catches up on its positions
