@@ -27,9 +27,9 @@ CASES = {  # name -> PlannerConfig fields, toggling the draft's availability eve
 PINNED = {
     "default": "eb5f79920660527c",
     "paper": "ff8b78ca706caefd",
-    "ngram-offload": "26ff808946fe6e51",  # the simulator draws n-gram steps from its source table
+    "ngram-offload": "bd1bb4a3d499d76c",  # the simulator draws n-gram steps from its source table
     "slo": "eb5f79920660527c",  # = default: a TPOT target alone changes no decision (planner/nightjar/objective.py)
-    "priors": "859598a359816f07",
+    "priors": "83a9dc5c149fb1ca",
 }
 
 
