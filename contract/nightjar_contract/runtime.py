@@ -74,6 +74,12 @@ class WorkerRuntimeConfig(BaseModel):
             return self.slo.tpot_p95_ms / 1000.0
         return self.planner.slo_tpot_s
 
+    def ttft_target_s(self) -> float | None:
+        """The TTFT target the policy plans for: the SLO's p95 if set, else the planner's own knob."""
+        if self.slo is not None and self.slo.ttft_p95_ms is not None:
+            return self.slo.ttft_p95_ms / 1000.0
+        return self.planner.slo_ttft_s
+
     def digest(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
 

@@ -62,13 +62,6 @@ def check_live_update(old: WorkerRuntimeConfig, new: WorkerRuntimeConfig) -> Non
         )
 
 
-def _ttft_target_s(cfg: WorkerRuntimeConfig) -> float | None:
-    """The TTFT target the policy plans for: the SLO's p95 if set, else the planner's own knob."""
-    if cfg.slo is not None and cfg.slo.ttft_p95_ms is not None:
-        return cfg.slo.ttft_p95_ms / 1000.0
-    return cfg.planner.slo_ttft_s
-
-
 def apply_to_policy(policy: Any, old: WorkerRuntimeConfig | None, new: WorkerRuntimeConfig) -> list[str]:
     """Push what changed into the live policy; returns what was applied (for the log).
 
@@ -85,7 +78,7 @@ def apply_to_policy(policy: Any, old: WorkerRuntimeConfig | None, new: WorkerRun
         if hook is not None:
             hook(new.planner)
             applied.append("planner knobs")
-    tpot, ttft = new.tpot_target_s(), _ttft_target_s(new)
+    tpot, ttft = new.tpot_target_s(), new.ttft_target_s()
     if knobs_changed or old is None or old.slo != new.slo:
         if hasattr(policy, "set_slo"):
             att = new.slo.attainment if new.slo is not None and new.slo.attainment else None
