@@ -27,10 +27,11 @@ def planner_dict(spec: NightjarDeploymentSpec) -> dict[str, Any]:
         out["arms"] = sorted(sp.arms)
     if sp.static_gamma is not None:
         out["static_gamma"] = sp.static_gamma
+    hosted = sorted(g for g in (sp.arms or range(sp.max_gamma + 1)) if g > 0)  # a host source's gammas
     if sp.ngram:
-        out["ngram_arms"] = sorted(g for g in (sp.arms or range(sp.max_gamma + 1)) if g > 0)
+        out["ngram_arms"] = hosted
     if sp.suffix.enabled:
-        out["suffix_arms"] = sorted(g for g in (sp.arms or range(sp.max_gamma + 1)) if g > 0)
+        out["suffix_arms"] = list(hosted)
     if sp.switching_cost_ms is not None:
         out["switch_cost_s"] = sp.switching_cost_ms / 1000.0
     return out
