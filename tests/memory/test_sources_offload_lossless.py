@@ -15,7 +15,6 @@ forced schedule between the reference and the run and pins the draft's mode step
 from __future__ import annotations
 
 import gc
-import os
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,30 +42,26 @@ def engine(tmp_path_factory) -> Iterator[Any]:
     if not (target / "config.json").is_file():
         pytest.skip("bundled models missing: run `make models`")
     tmp: Path = tmp_path_factory.mktemp("sources-offload")
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NIGHTJAR_FORCE_GAMMA": "0", "NIGHTJAR_CONFIG_POLL_S": "0"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    os.environ.pop("NIGHTJAR_STEP_LOG", None)
-    from nightjar_worker.engine.engine_args import engine_kwargs
-    from vllm import EngineArgs, LLMEngine
+    with pytest.MonkeyPatch.context() as mp:  # restored even when the engine fails to build
+        for k, v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NIGHTJAR_FORCE_GAMMA": "0",
+                     "NIGHTJAR_CONFIG_POLL_S": "0"}.items():
+            mp.setenv(k, v)
+        mp.delenv("NIGHTJAR_STEP_LOG", raising=False)
+        from nightjar_worker.engine.engine_args import engine_kwargs
+        from vllm import EngineArgs, LLMEngine
 
-    mem = {"enabled": True, "mode": "resident", "base_blocks": BASE, "offload_dir": str(tmp),
-           "reload_slice_s": 0.0}
-    total = BASE + 400
-    kw = engine_kwargs(target, target, k=K, block_size=32, num_gpu_blocks_override=total,
-                       kv_cache_memory_bytes=total * 1024 * 1024, max_num_seqs=8, max_model_len=512,
-                       enable_prefix_caching=False, seed=0, additional_config={"nightjar_memory": mem})
-    eng = LLMEngine.from_engine_args(EngineArgs(**kw))
-    try:
-        yield eng
-    finally:
-        del eng
-        gc.collect()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        mem = {"enabled": True, "mode": "resident", "base_blocks": BASE, "offload_dir": str(tmp),
+               "reload_slice_s": 0.0}
+        total = BASE + 400
+        kw = engine_kwargs(target, target, k=K, block_size=32, num_gpu_blocks_override=total,
+                           kv_cache_memory_bytes=total * 1024 * 1024, max_num_seqs=8, max_model_len=512,
+                           enable_prefix_caching=False, seed=0, additional_config={"nightjar_memory": mem})
+        eng = LLMEngine.from_engine_args(EngineArgs(**kw))
+        try:
+            yield eng
+        finally:
+            del eng
+            gc.collect()
 
 
 def _scheduler(eng: Any) -> Any:

@@ -3,7 +3,8 @@ process (API server, EngineCore, workers) and is the one installer of what Night
 (the list and the start-up checks: ``engine/hooks.py``); the hooks stay inert unless the engine runs
 ``NightjarScheduler`` with a draft model, and then a worker whose runner lacks them refuses to start.
 With ``NIGHTJAR_FLUSH_DENORMAL=1`` (``serve --dtype float32``) it flushes denormals in the process.
-It caps numba's thread pool at one thread (``pin_numba_threads``). It refuses to start a process
+It caps numba's thread pool at one thread (``pin_numba_threads``) and keeps llvmlite's library
+wrapper out of the way of vLLM's CPU kernel scan (``shield_llvmlite_from_kernel_scan``). It refuses to start a process
 where another package's plugin would patch vLLM under the hooks (``engine/hooks.py``).
 On an unsupported vLLM version it installs nothing and says so; the scheduler then refuses to
 start with the same message (``engine/version.py``).
@@ -31,8 +32,25 @@ def pin_numba_threads() -> None:
         config.reload_config()  # numba read its settings at import; its pool has not started yet
 
 
+def shield_llvmlite_from_kernel_scan() -> None:
+    """vLLM CPU (no Triton) rebinds Triton kernels at every worker start by scanning each module's
+    globals and reading ``vars(value).get("kernel")`` (``triton_utils/dispatcher._rebind_kernels``).
+    llvmlite's ``ffi.lib`` answers any attribute, ``__dict__`` included, with a wrapped C symbol, so
+    once numba is imported (vLLM's n-gram proposer imports it) a second in-process engine fails with
+    "'_lib_fn_wrapper' object has no attribute 'get'". An empty ``__dict__`` entry in the wrapper's
+    symbol table makes ``vars()`` answer ``{}``: nothing else looks up that name."""
+    try:
+        from llvmlite.binding import ffi
+    except ImportError:  # no numba, no llvmlite: nothing to shield
+        return
+    fntab = getattr(ffi.lib, "_fntab", None)
+    if isinstance(fntab, dict):
+        fntab.setdefault("__dict__", {})
+
+
 def register() -> None:
     pin_numba_threads()
+    shield_llvmlite_from_kernel_scan()
     if os.environ.get("NIGHTJAR_FLUSH_DENORMAL") == "1":
         # float32 on CPU: denormal arithmetic runs 20-50x slower on x86 (docs/engine.md);
         # set per process here, before any model runs in this process's main thread.
