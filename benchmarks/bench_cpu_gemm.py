@@ -7,8 +7,9 @@ are read once either way: memory-bound). On a GPU that holds to dozens of rows. 
 no AMX) bfloat16 GEMMs are compute-bound from 2 rows, float32 ones stay memory-bound to ~8 rows:
 hence ``serve --dtype float32`` for the Qwen pair in the benchmarks (docs/engine.md).
 
-Writes ``benchmarks/results/cpu-gemm/{table.md,results.json,gemm_rows.png}``. Last line:
-``RESULT bf16_m4_vs_m1=<x> fp32_m4_vs_m1=<x> bf16_m1_ms=<x> fp32_m1_ms=<x>`` (sum over the shapes).
+Writes ``build/results/cpu-gemm/{table.md,results.json,gemm_rows.png}``. Last line:
+``RESULT bf16_m4_vs_m1=<x> bf16_m1_ms=<x> fp32_m4_vs_m1=<x> fp32_m1_ms=<x>`` (sum over the shapes; a dtype whose oneDNN
+GEMM this CPU lacks, e.g. bf16 without AVX-512, is left out and said so).
 """
 
 from __future__ import annotations
@@ -68,12 +69,21 @@ def main() -> int:
     ms: dict[str, dict[int, float]] = {}
     for dtype in (torch.bfloat16, torch.float32):
         name = str(dtype).removeprefix("torch.")
+        try:
+            ops.create_onednn_mm(torch.randn(8, 8, dtype=dtype).t(), 32)
+        except RuntimeError as e:  # e.g. bf16 on a CPU without AVX-512: vLLM falls back to torch linear
+            print(f"{name}: vLLM's oneDNN GEMM is not available on this CPU ({str(e).splitlines()[0]}); "
+                  f"its engine runs torch's linear instead. CPU flags: {cpu_simd_flags()}")
+            continue
         ms[name] = dict.fromkeys(ROWS, 0.0)
         for n, k in SHAPES:
             w = torch.randn(n, k, dtype=dtype)
             h = ops.create_onednn_mm(w.t(), 32)
             for m in ROWS:
                 ms[name][m] += 1e3 * time_gemm(ops, h, torch.randn(m, k, dtype=dtype), reps)
+    if not ms:
+        print("RESULT error=no_onednn_gemm")
+        return 1
     lines = ["| dtype | " + " | ".join(f"M={m} (ms)" for m in ROWS) + " | M=4 / M=1 | M=16 / M=1 |",
              "|---|" + "---|" * (len(ROWS) + 2)]
     for name, row in ms.items():
@@ -86,10 +96,18 @@ def main() -> int:
     (OUT / "table.md").write_text(table + "\n")
     (OUT / "results.json").write_text(json.dumps({"shapes": SHAPES, "ms": ms}, indent=1))
     plot(ms, OUT / "gemm_rows.png")
-    b, f = ms["bfloat16"], ms["float32"]
-    print(f"RESULT bf16_m4_vs_m1={b[4] / b[1]:.2f} fp32_m4_vs_m1={f[4] / f[1]:.2f} "
-          f"bf16_m1_ms={b[1]:.2f} fp32_m1_ms={f[1]:.2f}")
+    keys = {"bfloat16": "bf16", "float32": "fp32"}
+    print("RESULT " + " ".join(f"{keys[n]}_m4_vs_m1={r[4] / r[1]:.2f} {keys[n]}_m1_ms={r[1]:.2f}" for n, r in ms.items()))
     return 0
+
+
+def cpu_simd_flags() -> str:
+    """The AVX-512 / AMX flags of this CPU (what oneDNN's bf16 GEMM needs), or 'none'."""
+    try:
+        words = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return "unknown"
+    return " ".join(sorted({w for w in words if w.startswith(("avx512", "amx"))})) or "no AVX-512, no AMX"
 
 
 if __name__ == "__main__":
