@@ -102,7 +102,7 @@ def main() -> int:
 
 
 def cpu_simd_flags() -> str:
-    """The AVX-512 / AMX flags of this CPU (what oneDNN's bf16 GEMM needs), or 'none'."""
+    """The AVX-512 / AMX flags of this CPU (what oneDNN's bf16 GEMM needs), or a phrase saying none."""
     try:
         words = Path("/proc/cpuinfo").read_text().split()
     except OSError:
