@@ -3,7 +3,8 @@
 ``python -m benchmarks.sources_calibration [bundled.json] [qwen.json]`` reads the n-gram runs of
 ``make bench-ngram`` (now ``make bench-sources``; defaults: the QUICK runs under
 ``build/results/ngram*/``) and, for the suffix source, the newest ``make bench-sources`` run of each
-pair under ``build/results/sources*/`` (``--suffix bundled=PATH``), and writes, per CPU profile:
+pair under ``build/results/sources*/`` (``--suffix bundled=PATH``), and writes, per CPU profile
+(a pair with no bench-ngram run on this machine keeps its committed n-gram entry and prefill cost):
 
 * the n-gram source's acceptance per Spec-Bench category: bench-ngram's calibration pass (static
   n-gram gamma 3, concurrency 1, accepted / drafted per category), as a geometric alpha
@@ -188,17 +189,33 @@ def suffix_entry(results: dict, origin: str, lookup_s: float) -> dict:
     }
 
 
-def build(paths: dict[str, Path], suffix_paths: dict[str, Path] | None = None) -> dict:
+def kept_ngram(committed: dict, profile: str, missing: Path) -> dict:
+    """The committed n-gram entry and prefill slope of ``profile``, for a pair whose bench-ngram run
+    (``missing``) is not on this machine: a suffix-only calibration must not need hours of n-gram runs."""
+    kept = committed.get("profiles", {}).get(profile, {})
+    if "ngram" not in kept.get("sources", {}) or "prefill_s_per_token" not in kept:
+        raise FileNotFoundError(f"{missing}: no bench-ngram run of this pair, and {SOURCES_PATH.name} has no "
+                                f"n-gram entry for {profile} to keep; run make bench-ngram (QUICK=1) first")
+    return {"prefill_s_per_token": kept["prefill_s_per_token"], "sources": {"ngram": kept["sources"]["ngram"]}}
+
+
+def build(paths: dict[str, Path], suffix_paths: dict[str, Path] | None = None, committed: dict | None = None) -> dict:
+    """The table from the runs given (``paths``: bench-ngram per pair, default its QUICK run under
+    build/results; ``suffix_paths``: bench-sources per pair, default its newest run). A pair with no
+    bench-ngram run given or found keeps its entry in ``committed`` (the table as committed)."""
     suffix_paths = suffix_paths or {}
     profiles: dict[str, dict] = {}
     alphas, suffix_alphas = [], []
     lookup_s = None
     for pair, (profile, default) in PAIRS.items():
-        path = paths.get(pair, default)
-        results = json.loads(Path(path).read_text(encoding="utf-8"))
-        entry = ngram_entry(results, str(path))
-        profiles[profile] = {"prefill_s_per_token": prefill_slope(results), "sources": {"ngram": entry}}
-        alphas.append(entry["alpha"])
+        path = Path(paths.get(pair, default))
+        if pair in paths or path.is_file():
+            results = json.loads(path.read_text(encoding="utf-8"))
+            profiles[profile] = {"prefill_s_per_token": prefill_slope(results),
+                                 "sources": {"ngram": ngram_entry(results, str(path))}}
+        else:
+            profiles[profile] = kept_ngram(committed or {}, profile, path)
+        alphas.append(profiles[profile]["sources"]["ngram"]["alpha"])
         run = suffix_paths.get(pair) or suffix_run(pair)
         if run is not None:
             lookup_s = lookup_s if lookup_s is not None else lookup_seconds()
@@ -243,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         if pair not in PAIRS or not p:
             ap.error(f"--suffix: PAIR=PATH with PAIR one of {', '.join(PAIRS)} (got {item!r})")
         suffix_paths[pair] = Path(p)
-    data = build(paths, suffix_paths)
+    committed = json.loads(SOURCES_PATH.read_text(encoding="utf-8")) if SOURCES_PATH.is_file() else {}
+    data = build(paths, suffix_paths, committed)
     SOURCES_PATH.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     for prof, d in data["profiles"].items():
         for name, e in d["sources"].items():

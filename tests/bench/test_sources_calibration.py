@@ -6,7 +6,7 @@ import json
 
 import pytest
 from nightjar_worker.sim.profile import expected_tokens
-from nightjar_worker.sim.sources import rate_at
+from nightjar_worker.sim.sources import SOURCES_PATH, rate_at
 
 from benchmarks import sources_calibration as sc
 
@@ -58,12 +58,18 @@ def test_build_adds_a_suffix_entry_where_a_pair_has_a_run(tmp_path, monkeypatch)
     run = tmp_path / "bundled.json"
     run.write_text(json.dumps(_results(cells)))
     monkeypatch.setattr(sc, "suffix_run", lambda pair: None)
-    ngram = {pair: default for pair, (_, default) in sc.PAIRS.items()}
-    if not all(p.is_file() for p in ngram.values()):
-        pytest.skip("the bench-ngram QUICK runs are not under build/results on this machine")
-    data = sc.build(ngram, {"bundled": run})
+    # no bench-ngram run given: wherever none is under build/results, the committed n-gram entries stay
+    monkeypatch.setattr(sc, "PAIRS", {pair: (prof, tmp_path / f"no-{pair}.json") for pair, (prof, _) in sc.PAIRS.items()})
+    committed = json.loads(SOURCES_PATH.read_text(encoding="utf-8"))
+    data = sc.build({}, {"bundled": run}, committed)
     bundled, qwen, roof = (data["profiles"][p]["sources"] for p in ("cpu-smollm2-135m", "cpu-qwen2.5-coder-1.5b-0.5b-fp32",
                                                                     "roofline-h100-7b"))
     assert "suffix" in bundled and "suffix" not in qwen  # the Qwen pair has no run here
     assert roof["suffix"]["alpha"] == bundled["suffix"]["alpha"]  # the mean over the one pair that has it
     assert roof["suffix"]["lookup_s_per_request"] == 3e-5 and roof["suffix"]["verify_step_time_s"] == roof["ngram"]["verify_step_time_s"]
+    for prof in ("cpu-smollm2-135m", "cpu-qwen2.5-coder-1.5b-0.5b-fp32"):
+        assert data["profiles"][prof]["sources"]["ngram"] == committed["profiles"][prof]["sources"]["ngram"]
+        assert data["profiles"][prof]["prefill_s_per_token"] == committed["profiles"][prof]["prefill_s_per_token"]
+    assert roof["ngram"] == committed["profiles"]["roofline-h100-7b"]["sources"]["ngram"]  # recomputed, the same
+    with pytest.raises(FileNotFoundError, match="no bench-ngram run of this pair.*make bench-ngram"):
+        sc.build({}, {"bundled": run}, {})

@@ -36,7 +36,7 @@ def test_a_rate_outside_0_1_is_refused():
 def test_every_committed_profile_has_a_calibrated_ngram_source(path):
     prof = CostProfile.load(path)
     table = SourceTable.for_profile(prof)
-    assert table.names() == ("draft", "ngram")
+    assert table.names()[:2] == ("draft", "ngram")
     ng = table["ngram"]
     assert not ng.runs_draft and table["draft"].runs_draft
     # a category's acceptance is its own, not the mean: the calibration separates them
@@ -47,8 +47,26 @@ def test_every_committed_profile_has_a_calibrated_ngram_source(path):
     assert table["draft"].acceptance(prof, "coding") == prof.alpha("coding")
 
 
+@pytest.mark.parametrize("path", [BUNDLED, ROOFLINE])
+def test_the_suffix_source_is_calibrated_from_bench_sources(path):
+    """The bundled pair's bench-sources run (``benchmarks.sources_calibration``; the roofline takes the
+    CPU pairs' mean): suffix drafts are accepted more on tasks asked again than on fresh prompts, and
+    a suffix step pays a host lookup per request (Arctic's tree) on top of the target's verification."""
+    prof = CostProfile.load(path)
+    table = SourceTable.for_profile(prof)
+    assert table.names() == ("draft", "ngram", "suffix")
+    sfx = table["suffix"]
+    assert not sfx.runs_draft
+    fresh = [c for c in Workload().categories if c in sfx.alpha]
+    assert fresh, "no Spec-Bench category calibrated"
+    assert sfx.acceptance(prof, "same-task") > max(sfx.acceptance(prof, c) for c in fresh)
+    assert sfx.lookup_s_per_request > 0  # timed on Arctic's tree by the calibration
+    for b in (1, 8):
+        assert sfx.step_time(prof, b, 0) == prof.step_time(b, 0) < sfx.step_time(prof, b, 2)
+
+
 def test_an_uncalibrated_source_is_refused_by_name():
-    table = SourceTable.for_profile(CostProfile.load(BUNDLED))
+    table = SourceTable.for_profile(CostProfile.load(QWEN))  # no bench-sources run of the Qwen pair
     with pytest.raises(ValueError, match="'suffix' is not calibrated"):
         table["suffix"]
 
