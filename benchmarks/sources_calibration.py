@@ -4,7 +4,8 @@
 ``make bench-ngram`` (now ``make bench-sources``; defaults: the QUICK runs under
 ``build/results/ngram*/``) and, for the suffix source, the newest ``make bench-sources`` run of each
 pair under ``build/results/sources*/`` (``--suffix bundled=PATH``), and writes, per CPU profile
-(a pair with no bench-ngram run on this machine keeps its committed n-gram entry and prefill cost):
+(a pair with no bench-ngram or bench-sources run on this machine keeps its committed n-gram entry and
+prefill cost, or suffix entry):
 
 * the n-gram source's acceptance per Spec-Bench category: bench-ngram's calibration pass (static
   n-gram gamma 3, concurrency 1, accepted / drafted per category), as a geometric alpha
@@ -202,7 +203,8 @@ def kept_ngram(committed: dict, profile: str, missing: Path) -> dict:
 def build(paths: dict[str, Path], suffix_paths: dict[str, Path] | None = None, committed: dict | None = None) -> dict:
     """The table from the runs given (``paths``: bench-ngram per pair, default its QUICK run under
     build/results; ``suffix_paths``: bench-sources per pair, default its newest run). A pair with no
-    bench-ngram run given or found keeps its entry in ``committed`` (the table as committed)."""
+    bench-ngram (bench-sources) run given or found keeps its n-gram (suffix) entry in ``committed``
+    (the table as committed)."""
     suffix_paths = suffix_paths or {}
     profiles: dict[str, dict] = {}
     alphas, suffix_alphas = [], []
@@ -217,11 +219,17 @@ def build(paths: dict[str, Path], suffix_paths: dict[str, Path] | None = None, c
             profiles[profile] = kept_ngram(committed or {}, profile, path)
         alphas.append(profiles[profile]["sources"]["ngram"]["alpha"])
         run = suffix_paths.get(pair) or suffix_run(pair)
+        kept_sfx = (committed or {}).get("profiles", {}).get(profile, {}).get("sources", {}).get("suffix")
         if run is not None:
             lookup_s = lookup_s if lookup_s is not None else lookup_seconds()
             sfx = suffix_entry(json.loads(Path(run).read_text(encoding="utf-8")), str(run), lookup_s)
-            profiles[profile]["sources"]["suffix"] = sfx
-            suffix_alphas.append(sfx["alpha"])
+        elif kept_sfx is not None:  # no bench-sources run here: the committed entry stays, as the n-gram's
+            sfx = kept_sfx
+            lookup_s = lookup_s if lookup_s is not None else sfx["lookup_s_per_request"]
+        else:
+            continue
+        profiles[profile]["sources"]["suffix"] = sfx
+        suffix_alphas.append(sfx["alpha"])
     cats = sorted(set(alphas[0]) & set(alphas[1]))
     roofline: dict[str, dict] = {"ngram": {
         "proposer": "host",

@@ -73,3 +73,7 @@ def test_build_adds_a_suffix_entry_where_a_pair_has_a_run(tmp_path, monkeypatch)
     assert roof["ngram"] == committed["profiles"]["roofline-h100-7b"]["sources"]["ngram"]  # recomputed, the same
     with pytest.raises(FileNotFoundError, match="no bench-ngram run of this pair.*make bench-ngram"):
         sc.build({}, {"bundled": run}, {})
+    # a later n-gram-only calibration (no bench-sources run here) keeps the suffix entries it finds
+    again = sc.build({}, {}, data)
+    assert again["profiles"]["cpu-smollm2-135m"]["sources"]["suffix"] == bundled["suffix"]
+    assert again["profiles"]["roofline-h100-7b"]["sources"]["suffix"] == roof["suffix"]
