@@ -190,10 +190,10 @@ def suffix_entry(results: dict, origin: str, lookup_s: float) -> dict:
     }
 
 
-def kept_ngram(committed: dict, profile: str, missing: Path) -> dict:
-    """The committed n-gram entry and prefill slope of ``profile``, for a pair whose bench-ngram run
-    (``missing``) is not on this machine: a suffix-only calibration must not need hours of n-gram runs."""
-    kept = committed.get("profiles", {}).get(profile, {})
+def kept_ngram(kept: dict, profile: str, missing: Path) -> dict:
+    """The committed n-gram entry and prefill slope of ``profile`` (``kept``: its committed entry),
+    for a pair whose bench-ngram run (``missing``) is not on this machine: a suffix-only calibration
+    must not need hours of n-gram runs."""
     if "ngram" not in kept.get("sources", {}) or "prefill_s_per_token" not in kept:
         raise FileNotFoundError(f"{missing}: no bench-ngram run of this pair, and {SOURCES_PATH.name} has no "
                                 f"n-gram entry for {profile} to keep; run make bench-ngram (QUICK=1) first")
@@ -210,16 +210,17 @@ def build(paths: dict[str, Path], suffix_paths: dict[str, Path] | None = None, c
     alphas, suffix_alphas = [], []
     lookup_s = None
     for pair, (profile, default) in PAIRS.items():
+        kept = (committed or {}).get("profiles", {}).get(profile, {})
         path = Path(paths.get(pair, default))
         if pair in paths or path.is_file():
             results = json.loads(path.read_text(encoding="utf-8"))
             profiles[profile] = {"prefill_s_per_token": prefill_slope(results),
                                  "sources": {"ngram": ngram_entry(results, str(path))}}
         else:
-            profiles[profile] = kept_ngram(committed or {}, profile, path)
+            profiles[profile] = kept_ngram(kept, profile, path)
         alphas.append(profiles[profile]["sources"]["ngram"]["alpha"])
         run = suffix_paths.get(pair) or suffix_run(pair)
-        kept_sfx = (committed or {}).get("profiles", {}).get(profile, {}).get("sources", {}).get("suffix")
+        kept_sfx = kept.get("sources", {}).get("suffix")
         if run is not None:
             lookup_s = lookup_s if lookup_s is not None else lookup_seconds()
             sfx = suffix_entry(json.loads(Path(run).read_text(encoding="utf-8")), str(run), lookup_s)
