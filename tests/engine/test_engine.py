@@ -226,3 +226,25 @@ def test_suffix_drafts_from_an_earlier_requests_output(nightjar_llm, steps) -> N
     assert _suffix_metric("nightjar_suffix_cache_bytes") > 0
     print(f"suffix cache: {len(d.cache.cached_requests)} cached outputs, {size} bytes; accepted/token "
           f"{rate_first:.2f} -> {rate_second:.2f}, steps {len(a)} -> {len(b)}")
+
+
+def test_the_scheduler_tells_the_planner_the_waiting_prompts(nightjar_llm, reference_outputs, steps) -> None:
+    """With a TTFT target the planner is told, before each decision, the prompts waiting for their
+    first token (``plan_prefill``); the output stays the plain decoding's."""
+    from nightjar_worker.engine import inproc
+    from nightjar_worker.planner import PlannerConfig, build_policy
+
+    pol = build_policy(PlannerConfig(max_gamma=K, max_batch=8, seed=0, slo_ttft_s=60.0))
+    told = []
+    tell = pol.observe_queue
+    pol.observe_queue = lambda q: (told.append(q), tell(q))  # type: ignore[method-assign]
+    inproc.scheduler(nightjar_llm).nightjar_control.set_policy(pol)
+    texts = prompts()
+    got = generate_ids(nightjar_llm, texts, LOSSLESS_MAX_TOKENS)
+    for t, ids in zip(texts, got, strict=True):
+        assert (why := lossless_mismatch(ids, *reference_outputs[t])) is None, f"{t[:40]!r} {why}"
+    assert len(told) == len(steps.steps)
+    # the first step admits every prompt: each is listed, completed this step, having waited a little
+    assert [q.steps_ahead for q in told[0]] == [0] * len(texts)
+    assert all(0.0 <= q.wait_s < 60.0 for q in told[0])
+    assert all(q == () for q in told[1:])  # then every request has its first token

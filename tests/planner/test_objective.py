@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from nightjar_worker.planner import PlannerConfig, build_policy
 from nightjar_worker.planner.nightjar.objective import SloObjective
+from nightjar_worker.planner.policy import QueuedPrompt
 from nightjar_worker.sim.profile import CostProfile
 from nightjar_worker.sim.simulator import Simulator
 from nightjar_worker.sim.workload import long_prompt_workload, make_requests
@@ -28,6 +29,24 @@ def test_defers_a_miss_turned_into_a_hit_or_a_draining_queue():
     assert o.deferred == 2
     o.configure(ttft_s=None, tpot_s=0.01, attainment=0.99)
     assert not o.defer_prefill(1.0, 0.0)  # no TTFT target: the per-token objective
+
+
+def test_with_the_queue_told_defers_only_where_a_first_token_is_saved():
+    o = SloObjective()
+    o.configure(ttft_s=0.10, tpot_s=None, attainment=1.0)
+    o.observe_step(0.02, prompt_tokens=300)  # back to back prompt steps: the queueless rule would defer
+    # waited 0.02 s, completes this step: 0.02 + 0.09 misses, 0.02 + 0.07 meets
+    o.observe_queue((QueuedPrompt(0.02, 0),))
+    assert o.defer_prefill(0.09, 0.07)
+    # overload: every waiting prompt has missed already; deferring saves none, the arm keeps its throughput
+    o.observe_queue((QueuedPrompt(0.15, 0), QueuedPrompt(0.12, 1)))
+    assert not o.defer_prefill(0.12, 0.09)
+    # a prompt two steps ahead: 0.01 + 3 x 0.04 misses, 0.01 + 3 x 0.025 meets
+    o.observe_queue((QueuedPrompt(0.15, 0), QueuedPrompt(0.01, 2)))
+    assert o.defer_prefill(0.04, 0.025)
+    o.observe_queue(())
+    assert not o.defer_prefill(0.12, 0.09)  # nothing waits: nothing to save
+    assert o.deferred == 2
 
 
 def test_wait_is_the_attainment_quantile_of_the_last_step():

@@ -284,3 +284,21 @@ def test_engine_control_counts_prior_conflicts(tmp_path, monkeypatch):
         got = REGISTRY.get_sample_value("nightjar_planner_prior_conflicts_total", {"action": action})
         assert got - c0[action] == n
     ctl.close()
+
+
+def test_engine_control_tells_the_queue_only_to_a_policy_that_prices_it(tmp_path, monkeypatch):
+    from nightjar_worker.engine.control import EngineControl
+    from nightjar_worker.planner.policy import QueuedPrompt
+
+    monkeypatch.delenv("NIGHTJAR_FORCE_GAMMA", raising=False)
+    path = tmp_path / "c.yaml"
+    write_config_atomically(path, WorkerRuntimeConfig(priors=PRIORS))
+    ctl = EngineControl(4, config_path=path, poll_s=0, snapshot_every_s=3600.0)
+    queue = (QueuedPrompt(0.5, 0), QueuedPrompt(0.1, 1))
+    assert ctl.wants_queue()  # Nightjar's planner: the scheduler walks the queue for it
+    ctl.decide(4, 300, queue)
+    assert ctl.policy.objective.queue == queue
+    write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(policy="static", static_gamma=1)))
+    assert ctl.watcher.check() and not ctl.wants_queue()  # the scheduler then walks one step only
+    assert ctl.decide(4, 300, queue)[0] == 1
+    ctl.close()

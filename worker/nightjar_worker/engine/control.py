@@ -23,7 +23,15 @@ from typing import Any
 
 from nightjar_worker.engine.forced import ForcedSchedulePolicy
 from nightjar_worker.engine.step_stats import JsonlSink
-from nightjar_worker.planner.policy import DraftAware, GammaPolicy, PlannerView, SourcePolicy, StepFeedback
+from nightjar_worker.planner.policy import (
+    DraftAware,
+    GammaPolicy,
+    PlannerView,
+    QueueAware,
+    QueuedPrompt,
+    SourcePolicy,
+    StepFeedback,
+)
 
 log = logging.getLogger("nightjar.engine")
 
@@ -139,11 +147,19 @@ class EngineControl:
             self.holder = None
             self._policy = policy
 
-    def decide(self, batch_size: int, prompt_tokens: int = 0) -> tuple[int, float]:
-        """(gamma, decide seconds); ``self.source`` is the source of its drafts (``SOURCES``)."""
+    def wants_queue(self) -> bool:
+        """Whether the live policy is told the waiting prompts (``QueueAware``)."""
+        return isinstance(self.policy, QueueAware)
+
+    def decide(self, batch_size: int, prompt_tokens: int = 0,
+               queue: tuple[QueuedPrompt, ...] | None = None) -> tuple[int, float]:
+        """(gamma, decide seconds); ``self.source`` is the source of its drafts (``SOURCES``).
+        ``queue``: the prompts waiting for their first token, for a ``QueueAware`` policy."""
         t0 = time.perf_counter()
         with self.lock:
             pol = self.policy
+            if queue is not None and isinstance(pol, QueueAware):
+                pol.observe_queue(queue)
             g = int(pol.decide(max(1, batch_size), max(0, prompt_tokens)))
             self.source = pol.source() if isinstance(pol, SourcePolicy) and g > 0 else "draft"
         dt = time.perf_counter() - t0

@@ -7,7 +7,8 @@ whose ``num_speculative_tokens`` is K (the largest arm). The ``vllm.general_plug
 
 Step contract (see ``nightjar_worker.planner.policy``):
   1. ``schedule()``: gamma = policy.decide(batch, prompt_tokens) with batch = requests running or
-     waiting before this step and prompt_tokens = what it is expected to prefill (``step_prompt.py``);
+     waiting before this step and prompt_tokens = what it is expected to prefill (``step_prompt.py``;
+     a ``QueueAware`` policy is told the prompts waiting for their first token first);
      every running request's proposed drafts are trimmed to gamma (limits verification), and the
      output's ``num_spec_tokens_to_schedule = gamma`` tells the model runner how many drafts to
      propose for the next step. gamma == 0 makes the runner skip the draft model entirely (no
@@ -34,7 +35,7 @@ from nightjar_contract.engine import worker_stats
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from nightjar_worker.engine import hooks
-from nightjar_worker.engine.step_prompt import pending_prompt_tokens
+from nightjar_worker.engine.step_prompt import plan_prefill
 from nightjar_worker.engine.version import check_vllm_version
 
 log = logging.getLogger("nightjar.engine")
@@ -112,8 +113,13 @@ class NightjarScheduler(Scheduler):
         batch = min(len(self.running) + len(self.waiting), max_seqs)
         budget = min(self.max_num_scheduled_tokens, self.scheduler_config.max_num_batched_tokens)
         waiting = itertools.chain(getattr(self, "kv_holding_waiting", ()), self.waiting)
-        prompt = pending_prompt_tokens(self.running, waiting, max_seqs, budget, self._prefix_hit)
-        gamma, decide_s = self.nightjar_control.decide(batch, prompt)
+        ctl = self.nightjar_control
+        # the queue (each waiting prompt's wait) only for a policy that prices it: the walk goes on
+        # over the prompt steps after this one
+        plan = plan_prefill(self.running, waiting, max_seqs, budget, self._prefix_hit, time.time(),
+                            horizon=16 if ctl.wants_queue() else 1)
+        prompt = plan.prompt_tokens
+        gamma, decide_s = ctl.decide(batch, prompt, plan.queue)
         source = self.nightjar_control.source
         if self.nightjar_memory is not None:
             # the draft model's gamma is 0 unless its weights are fully resident; n-gram drafts

@@ -100,6 +100,26 @@ class DraftAware(Protocol):
     def draft_demand(self, batch_size: int) -> int: ...
 
 
+@dataclass(frozen=True, slots=True)
+class QueuedPrompt:
+    """A request whose first token has not been sampled yet, as the engine sees it before a step:
+    how long it has waited since it arrived, and how many prompt steps come before the one that
+    prefills the end of its prompt (0: this step), walking the queue the way the scheduler admits
+    (``engine/step_prompt.py``). Requests that wait for a batch slot or KV blocks to free up are
+    left out: when they start depends on other requests finishing, not on the prompt steps."""
+
+    wait_s: float
+    steps_ahead: int
+
+
+@runtime_checkable
+class QueueAware(Protocol):
+    """A policy told, before each ``decide``, the prompts still waiting for their first token (in
+    admission order), so that an SLO objective can price a step by the first tokens it delays."""
+
+    def observe_queue(self, queue: tuple[QueuedPrompt, ...]) -> None: ...
+
+
 @runtime_checkable
 class GammaPolicy(Protocol):
     """Picks the speculation length for each step. See the module docstring for the contract."""

@@ -29,7 +29,14 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from nightjar_worker.planner.policy import DraftAware, GammaPolicy, SourcePolicy, StepFeedback
+from nightjar_worker.planner.policy import (
+    DraftAware,
+    GammaPolicy,
+    QueueAware,
+    QueuedPrompt,
+    SourcePolicy,
+    StepFeedback,
+)
 from nightjar_worker.sim.profile import CostProfile
 from nightjar_worker.sim.sources import DRAFT, SourceTable
 from nightjar_worker.sim.workload import Request
@@ -166,6 +173,26 @@ class Simulator:
             t += self.profile.draft_prefill_rate() * tokens
         return t
 
+    def _queue(self, t: float, prefilling: list[list], waiting: list[list], running: int,
+               arrival: dict[int, float], limit: int = 64) -> tuple[QueuedPrompt, ...]:
+        """What a ``QueueAware`` policy is told before a step: this step's prompts (0 steps ahead),
+        then the waiting ones as this simulator admits them (whole prompts in FIFO order within
+        ``max_prefill_tokens`` a step) while batch slots last; requests whose first token is out
+        (preempted ones) take their slot and budget but are not listed."""
+        out = [QueuedPrompt(t - arrival[st[0]], 0) for st in prefilling if st[6] < 0]
+        seats = self.max_batch - running - len(prefilling)
+        ahead, used = 1, 0
+        for st in waiting:
+            if seats <= 0 or len(out) >= limit:
+                break
+            if used and used + st[2] > self.max_prefill_tokens:
+                ahead, used = ahead + 1, 0
+            used += st[2]
+            seats -= 1
+            if st[6] < 0:
+                out.append(QueuedPrompt(t - arrival[st[0]], ahead))
+        return tuple(out)
+
     def run(self, policy: GammaPolicy, measure_from_s: float = 0.0) -> SimResult:
         """Simulate every request to completion.
 
@@ -179,6 +206,7 @@ class Simulator:
         rng = random.Random(self.seed * 7919 + 1)
         sources = self.sources
         picks_source = isinstance(policy, SourcePolicy)
+        tells_queue = isinstance(policy, QueueAware)
         # the draft is resident when the policy may run it: a static host-source arm never does
         needs = getattr(policy, "needs_draft", None)
         needs_draft = self.draft_resident and (needs() if callable(needs) else any(g > 0 for g in policy.arms))
@@ -194,6 +222,7 @@ class Simulator:
                 raise ValueError(
                     f"requests: request {r.rid} needs more KV blocks than the budget of {budget}"
                 )
+        arrival = {r.rid: r.arrival_s for r in reqs}
         # per source, per request: ln(alpha) of its category (the geometric acceptance draw)
         ln_alpha: dict[str, dict[int, float]] = {}
         for name in sources.names():
@@ -253,6 +282,8 @@ class Simulator:
                 prefilling.append(st)
 
             b = len(running)
+            if tells_queue and b > 0:
+                policy.observe_queue(self._queue(t, prefilling, waiting, len(running), arrival))
             g = policy.decide(b, prefill_tokens) if b > 0 else 0
             src_name = policy.source() if picks_source and g > 0 else DRAFT
             if src_name == DRAFT and g > 0 and not needs_draft:

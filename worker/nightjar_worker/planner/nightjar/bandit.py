@@ -23,7 +23,7 @@ from nightjar_worker.planner.nightjar.objective import SloObjective
 from nightjar_worker.planner.nightjar.prefill import PrefillCost
 from nightjar_worker.planner.nightjar.schedule import Schedule
 from nightjar_worker.planner.nightjar.switching import Dwell, PaperSwitchCost, Pipeline, SwitchCost
-from nightjar_worker.planner.policy import SOURCES, PlannerStats, StepFeedback
+from nightjar_worker.planner.policy import SOURCES, PlannerStats, QueuedPrompt, StepFeedback
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +160,10 @@ class NightjarPolicy:
         if available != self.draft_available:
             self.draft_available = available
             self._end_bins()
+
+    def observe_queue(self, queue: tuple[QueuedPrompt, ...]) -> None:
+        """The prompts waiting for their first token before the next ``decide`` (``QueueAware``)."""
+        self.objective.observe_queue(queue)
 
     def draft_demand(self, batch_size: int) -> int:
         """While the draft cannot run: the draft gamma this bucket's last bin would have exploited

@@ -19,12 +19,22 @@ bin's arm; one that misses either way does too, unless the step before also admi
 a queue is draining (a burst, prompts waiting for the prefill budget), and every shorter prompt
 step brings the first tokens still waiting sooner.
 
-The wait before the step is taken as ``attainment`` x the last step's length (the quantile of an
-arrival uniform inside it that the target is for). Queueing behind a full batch or KV pool is not
-seen here (the planner is not told the queue).
+When the engine tells the queue (``QueueAware``: each waiting prompt's wait so far and the prompt
+steps before its own), the verdict counts first tokens instead: the step is played at gamma 0 when
+some prompt's first token would meet the target if this and the prompt steps before it ran without
+the draft and miss it with the draft on. Under overload every waiting prompt has already missed,
+no first token is saved, and the bin's arm keeps the throughput that drains the queue (the rule
+above, which cannot tell overload from a burst, deferred there and fell to 0.71 of the best static
+arm's goodput on the roofline's long prompts at high load; this one reaches 0.93). What it does not
+see is the prompts that have not arrived yet: near saturation a shorter prompt step also shortens
+the queue they will join, which the rule above captured by accident on the roofline's spec-bench
+high and dynamic shapes (1.10 and 1.08; 1.00 and 0.96 here). Without a queue the wait before the step is taken as ``attainment`` x
+the last step's length (the quantile of an arrival uniform inside it that the target is for).
 """
 
 from __future__ import annotations
+
+from nightjar_worker.planner.policy import QueuedPrompt
 
 
 class SloObjective:
@@ -38,6 +48,7 @@ class SloObjective:
         self.last_decode_s = 0.0  # the last step without prompts or C_switch: the running arm's decode step
         self.last_prompted = False  # the last step admitted prompts too (back to back: a queue)
         self.deferred = 0  # prompt steps played at gamma 0 for the TTFT target
+        self.queue: tuple[QueuedPrompt, ...] | None = None  # None: the engine does not tell it
 
     def configure(self, *, ttft_s: float | None, tpot_s: float | None, attainment: float) -> None:
         for name, v in (("slo_ttft_s", ttft_s), ("slo_tpot_s", tpot_s)):
@@ -46,6 +57,10 @@ class SloObjective:
         if not 0 < attainment <= 1:
             raise ValueError(f"slo_attainment: must lie in (0, 1] (got {attainment})")
         self.ttft_s, self.tpot_s, self.attainment = ttft_s, tpot_s, attainment
+
+    def observe_queue(self, queue: tuple[QueuedPrompt, ...]) -> None:
+        """The prompts waiting for their first token before this step (see the module docstring)."""
+        self.queue = queue
 
     def observe_step(self, seconds: float, prompt_tokens: int = 0, switch_s: float = 0.0) -> None:
         """A step ended, ``seconds`` long (C_switch included), with ``prompt_tokens`` prefilled."""
@@ -70,13 +85,19 @@ class SloObjective:
         return self.attainment * self.last_step_s + step_s
 
     def defer_prefill(self, step_on_s: float, step_off_s: float) -> bool:
-        """Play this prompt step at gamma 0: its first tokens miss the TTFT target with the draft on
-        (``step_on_s``: the step's predicted length) and meet it with the draft off (``step_off_s``),
-        or miss it either way while a queue drains (the last step admitted prompts too)."""
+        """Play this prompt step at gamma 0 (``step_on_s`` / ``step_off_s``: its predicted length with
+        the draft on / off): with the queue told, when that saves a first token (some waiting
+        prompt meets the target with its prompt steps off and misses it with them on); without,
+        when its first tokens miss the target with the draft on and meet it off, or miss it either
+        way while a queue drains (the last step admitted prompts too)."""
         t = self.ttft_s
         if t is None:
             return False
-        on, off = self.first_token_s(step_on_s), self.first_token_s(step_off_s)
-        defer = on > t >= off or (off > t and self.last_prompted)
+        if self.queue is not None:
+            defer = any(q.wait_s + (q.steps_ahead + 1) * step_on_s > t >= q.wait_s + (q.steps_ahead + 1) * step_off_s
+                        for q in self.queue)
+        else:
+            on, off = self.first_token_s(step_on_s), self.first_token_s(step_off_s)
+            defer = on > t >= off or (off > t and self.last_prompted)
         self.deferred += defer
         return defer
