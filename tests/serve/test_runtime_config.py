@@ -295,7 +295,9 @@ def test_engine_control_tells_the_queue_only_to_a_policy_that_prices_it(tmp_path
     write_config_atomically(path, WorkerRuntimeConfig(priors=PRIORS))
     ctl = EngineControl(4, config_path=path, poll_s=0, snapshot_every_s=3600.0)
     queue = (QueuedPrompt(0.5, 0), QueuedPrompt(0.1, 1))
-    assert ctl.wants_queue()  # Nightjar's planner: the scheduler walks the queue for it
+    assert not ctl.wants_queue()  # Nightjar's planner without a TTFT target: the per-token objective
+    ctl.policy.set_slo(None, ttft_s=1.0)
+    assert ctl.wants_queue()  # the scheduler walks the queue for it
     ctl.decide(4, 300, queue)
     assert ctl.policy.objective.queue == queue
     write_config_atomically(path, WorkerRuntimeConfig(planner=PlannerConfig(policy="static", static_gamma=1)))

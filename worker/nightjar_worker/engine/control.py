@@ -148,8 +148,9 @@ class EngineControl:
             self._policy = policy
 
     def wants_queue(self) -> bool:
-        """Whether the live policy is told the waiting prompts (``QueueAware``)."""
-        return isinstance(self.policy, QueueAware)
+        """Whether the live policy prices the waiting prompts now (``QueueAware``)."""
+        pol = self.policy
+        return isinstance(pol, QueueAware) and pol.wants_queue()
 
     def decide(self, batch_size: int, prompt_tokens: int = 0,
                queue: tuple[QueuedPrompt, ...] | None = None) -> tuple[int, float]:

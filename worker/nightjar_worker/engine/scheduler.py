@@ -114,8 +114,8 @@ class NightjarScheduler(Scheduler):
         budget = min(self.max_num_scheduled_tokens, self.scheduler_config.max_num_batched_tokens)
         waiting = itertools.chain(getattr(self, "kv_holding_waiting", ()), self.waiting)
         ctl = self.nightjar_control
-        # the queue (each waiting prompt's wait) only for a policy that prices it: the walk goes on
-        # over the prompt steps after this one
+        # a policy that prices the queue (each waiting prompt's wait) is told it over the prompt
+        # steps after this one too
         plan = plan_prefill(self.running, waiting, max_seqs, budget, self._prefix_hit, time.time(),
                             horizon=16 if ctl.wants_queue() else 1)
         prompt = plan.prompt_tokens

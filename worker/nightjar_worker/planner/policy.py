@@ -115,7 +115,11 @@ class QueuedPrompt:
 @runtime_checkable
 class QueueAware(Protocol):
     """A policy told, before each ``decide``, the prompts still waiting for their first token (in
-    admission order), so that an SLO objective can price a step by the first tokens it delays."""
+    admission order), so that an SLO objective can price a step by the first tokens it delays;
+    ``wants_queue`` says whether it prices them now (the engine then walks the queue beyond the
+    next step: otherwise only that step's prompts are listed)."""
+
+    def wants_queue(self) -> bool: ...
 
     def observe_queue(self, queue: tuple[QueuedPrompt, ...]) -> None: ...
 

@@ -206,7 +206,7 @@ class Simulator:
         rng = random.Random(self.seed * 7919 + 1)
         sources = self.sources
         picks_source = isinstance(policy, SourcePolicy)
-        tells_queue = isinstance(policy, QueueAware)
+        tells_queue = isinstance(policy, QueueAware) and policy.wants_queue()
         # the draft is resident when the policy may run it: a static host-source arm never does
         needs = getattr(policy, "needs_draft", None)
         needs_draft = self.draft_resident and (needs() if callable(needs) else any(g > 0 for g in policy.arms))

@@ -161,6 +161,10 @@ class NightjarPolicy:
             self.draft_available = available
             self._end_bins()
 
+    def wants_queue(self) -> bool:
+        """Only a TTFT target prices the queue (``QueueAware``)."""
+        return self.objective.ttft_s is not None
+
     def observe_queue(self, queue: tuple[QueuedPrompt, ...]) -> None:
         """The prompts waiting for their first token before the next ``decide`` (``QueueAware``)."""
         self.objective.observe_queue(queue)

@@ -28,8 +28,10 @@ above, which cannot tell overload from a burst, deferred there and fell to 0.71 
 arm's goodput on the roofline's long prompts at high load; this one reaches 0.93). What it does not
 see is the prompts that have not arrived yet: near saturation a shorter prompt step also shortens
 the queue they will join, which the rule above captured by accident on the roofline's spec-bench
-high and dynamic shapes (1.10 and 1.08; 1.00 and 0.96 here). Without a queue the wait before the step is taken as ``attainment`` x
-the last step's length (the quantile of an arrival uniform inside it that the target is for).
+high and dynamic shapes (1.10 and 1.08; 1.00 and 0.96 here).
+
+Without a queue the wait before the step is taken as ``attainment`` x the last step's length (the
+quantile of an arrival uniform inside it that the target is for).
 """
 
 from __future__ import annotations
