@@ -11,6 +11,7 @@ import textwrap
 import pytest
 from nightjar_worker.metrics import WorkerMetrics
 from nightjar_worker.planner import PlannerConfig, PlannerPriors, build_policy
+from nightjar_worker.planner.policy import PlannerStats
 from prometheus_client import REGISTRY
 
 
@@ -100,12 +101,14 @@ def test_planner_snapshot_exports_every_sources_arms():
     assert v("nightjar_planner_count", bucket="48", gamma="2", source="ngram") == pytest.approx(6.0)
 
 
-def test_prior_conflicts_count_the_policy_increments_and_restart_with_a_new_policy():
+def test_planner_counts_count_the_policy_increments_and_restart_with_a_new_policy():
     m = WorkerMetrics()
     d0, r0 = (v("nightjar_planner_prior_conflicts_total", action=a) for a in ("dropped", "rescaled"))
-    m.observe_prior_conflicts(2, 0)
-    m.observe_prior_conflicts(3, 1)
-    m.observe_prior_conflicts(1, 0)  # a rebuilt policy counts from 0
+    t0 = v("nightjar_planner_ttft_deferrals_total")
+    m.observe_planner_counts(PlannerStats(priors_dropped=2))
+    m.observe_planner_counts(PlannerStats(priors_dropped=3, prior_rescales=1, ttft_deferrals=5))
+    m.observe_planner_counts(PlannerStats(priors_dropped=1, ttft_deferrals=2))  # a rebuilt policy counts from 0
+    assert v("nightjar_planner_ttft_deferrals_total") - t0 == 7
     assert v("nightjar_planner_prior_conflicts_total", action="dropped") - d0 == 4
     assert v("nightjar_planner_prior_conflicts_total", action="rescaled") - r0 == 1
 

@@ -27,6 +27,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from nightjar_worker.planner.policy import PlannerStats
+
 ENV_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
 
 GAMMA_BUCKETS = tuple(float(g) for g in range(0, 17))  # le=0 counts gamma 0, le=1 gamma<=1, ...
@@ -96,6 +98,11 @@ planner_prior_conflicts_total = Counter(
     "Planner priors contradicted by the worker's own evidence: an arm's prior dropped (action=dropped), or a "
     "bucket's priors moved to the worker's level when every arm tried is off the same way (action=rescaled)",
     ["action"],
+)
+planner_ttft_deferrals_total = Counter(
+    "nightjar_planner_ttft_deferrals_total",
+    "Prompt steps the planner played at gamma 0 (draft off) so that waiting prompts' first tokens meet the "
+    "TTFT target (the SLO objective; 0 without a TTFT target)",
 )
 batch_size = Histogram("nightjar_batch_size", "Requests in the decoding batch per step", buckets=BATCH_BUCKETS)
 planner_decision_seconds = Histogram(
@@ -186,7 +193,7 @@ class WorkerMetrics:
         self._decay = acceptance_decay
         self._acc: dict[tuple[str, int], list[float]] = {}  # (source, gamma) -> [decayed accepted, decayed drafted]
         self._last_drafting: bool | None = None
-        self._conflicts = (0, 0)  # the policy's cumulative (dropped, rescaled) last seen
+        self._counts = (0, 0, 0)  # the policy's cumulative (dropped, rescaled, ttft deferrals) last seen
         for action in ("dropped", "rescaled"):  # present at 0, so rate() reads 0, not "no data"
             planner_prior_conflicts_total.labels(action=action)
         for result in SUFFIX_RESULTS:
@@ -231,13 +238,17 @@ class WorkerMetrics:
         if cached_requests is not None:
             suffix_cached_requests.set(cached_requests)
 
-    def observe_prior_conflicts(self, dropped: int, rescaled: int) -> None:
-        """The policy's cumulative prior-conflict counts (``PlannerStats``); a count below the last
-        one seen is a new policy (a runtime config rebuilds it), counted from 0."""
-        for action, now, last in zip(("dropped", "rescaled"), (dropped, rescaled), self._conflicts, strict=True):
+    def observe_planner_counts(self, stats: PlannerStats) -> None:
+        """The policy's cumulative counters (``PlannerStats``: priors dropped and rescaled, TTFT
+        deferrals); a count below the last one seen is a new policy (a runtime config rebuilds it),
+        counted from 0."""
+        counts = (stats.priors_dropped, stats.prior_rescales, stats.ttft_deferrals)
+        children = (planner_prior_conflicts_total.labels(action="dropped"),
+                    planner_prior_conflicts_total.labels(action="rescaled"), planner_ttft_deferrals_total)
+        for child, now, last in zip(children, counts, self._counts, strict=True):
             if now != last:
-                planner_prior_conflicts_total.labels(action=action).inc(now - last if now > last else now)
-        self._conflicts = (dropped, rescaled)
+                child.inc(now - last if now > last else now)
+        self._counts = counts
 
     def observe_switch_cost(self, seconds: float) -> None:
         switch_cost_seconds.observe(seconds)

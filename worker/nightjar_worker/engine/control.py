@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from nightjar_worker.engine.forced import ForcedSchedulePolicy
@@ -198,7 +199,7 @@ class EngineControl:
         with self.lock:
             self.policy.observe(rec)
             view = self.policy if isinstance(self.policy, PlannerView) else None
-            conflicts = (view.stats.priors_dropped, view.stats.prior_rescales) if view is not None else None
+            counts = replace(view.stats) if view is not None else None  # a copy, read outside the lock
             snap = gate_closed = draft_prefill = None
             if view is not None and self.metrics is not None and now - self._last_snapshot >= self._snapshot_every_s:
                 self._last_snapshot = now
@@ -210,8 +211,8 @@ class EngineControl:
                                       rec.source, rec.verified_source)
             if rec.switch_cost_s > 0:
                 self.metrics.observe_switch_cost(rec.switch_cost_s)
-            if conflicts is not None:
-                self.metrics.observe_prior_conflicts(*conflicts)
+            if counts is not None:
+                self.metrics.observe_planner_counts(counts)
             if snap is not None:
                 self.metrics.set_planner_snapshot(snap)
             if gate_closed is not None:

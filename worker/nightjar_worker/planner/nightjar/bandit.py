@@ -358,6 +358,7 @@ class NightjarPolicy:
         steps = self.objective.prompt_step_s(prompt_tokens, self.prefill.slopes(), plain)
         if i0 is None or steps is None or not self.objective.defer_prefill(*steps):
             return a
+        self.stats.ttft_deferrals += 1
         self._resume = True
         return i0
 

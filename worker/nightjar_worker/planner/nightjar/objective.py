@@ -49,7 +49,6 @@ class SloObjective:
         self.last_step_s = 0.0  # the previous step's length, C_switch included
         self.last_decode_s = 0.0  # the last step without prompts or C_switch: the running arm's decode step
         self.last_prompted = False  # the last step admitted prompts too (back to back: a queue)
-        self.deferred = 0  # prompt steps played at gamma 0 for the TTFT target
         self.queue: tuple[QueuedPrompt, ...] | None = None  # None: the engine does not tell it
 
     def configure(self, *, ttft_s: float | None, tpot_s: float | None, attainment: float) -> None:
@@ -101,5 +100,4 @@ class SloObjective:
         else:
             on, off = self.first_token_s(step_on_s), self.first_token_s(step_off_s)
             defer = on > t >= off or (off > t and self.last_prompted)
-        self.deferred += defer
         return defer
