@@ -272,8 +272,9 @@ def overview() -> dict[str, Any]:
         unit="s"), w=12, h=6)
     L.add(timeseries(
         "Prompt steps with the draft off for the TTFT target / s",
-        "With a TTFT target (spec.slo.ttftP95Ms) the planner plays a step that admits prompts at gamma 0 when "
-        "that lets a waiting prompt's first token meet the target; the running arm resumes at the next step "
+        "With a TTFT target (spec.slo.ttftP95Ms) the planner plays a step that admits prompts, or one that would "
+        "resume the draft (its catch-up delays every waiting prompt), at gamma 0 when that lets a waiting "
+        "prompt's first token meet the target; the running arm resumes at the next step "
         "(nightjar_planner_ttft_deferrals_total). 0 without a TTFT target, and under overload, where every "
         "waiting prompt has already missed it.",
         [target(f"sum by (nightjar_deployment) (rate(nightjar_planner_ttft_deferrals_total{{{S}}}[$__rate_interval]))",

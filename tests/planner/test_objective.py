@@ -1,5 +1,5 @@
-"""The SLO objective (planner/nightjar/objective.py): when a prompt step is played without the draft,
-and that the policy does so only with a TTFT target, on the simulator's long-prompt workload."""
+"""The SLO objective (planner/nightjar/objective.py): when a prompt step or a resume is played without
+the draft, and that the policy does so only with a TTFT target, on the simulator's long-prompt workload."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ def test_defers_a_miss_turned_into_a_hit_or_a_draining_queue():
     o = SloObjective()
     o.configure(ttft_s=0.10, tpot_s=None, attainment=1.0)
     o.observe_step(0.02)  # the wait: the last step
-    assert o.defer_prefill(0.09, 0.07)  # 0.11 misses, 0.09 meets
-    assert not o.defer_prefill(0.07, 0.06)  # meets either way
-    assert not o.defer_prefill(0.12, 0.09)  # misses either way (0.11), no queue
+    assert o.defer(0.09, 0.07)  # 0.11 misses, 0.09 meets
+    assert not o.defer(0.07, 0.06)  # meets either way
+    assert not o.defer(0.12, 0.09)  # misses either way (0.11), no queue
     o.observe_step(0.02, prompt_tokens=300)  # prompt steps back to back: a queue drains
-    assert o.defer_prefill(0.12, 0.09)  # misses either way: the shorter step serves the queue sooner
-    assert not o.defer_prefill(0.07, 0.06)
+    assert o.defer(0.12, 0.09)  # misses either way: the shorter step serves the queue sooner
+    assert not o.defer(0.07, 0.06)
     o.configure(ttft_s=None, tpot_s=0.01, attainment=0.99)
-    assert not o.defer_prefill(1.0, 0.0)  # no TTFT target: the per-token objective
+    assert not o.defer(1.0, 0.0)  # no TTFT target: the per-token objective
 
 
 def test_with_the_queue_told_defers_only_where_a_first_token_is_saved():
@@ -36,15 +36,35 @@ def test_with_the_queue_told_defers_only_where_a_first_token_is_saved():
     o.observe_step(0.02, prompt_tokens=300)  # back to back prompt steps: the queueless rule would defer
     # waited 0.02 s, completes this step: 0.02 + 0.09 misses, 0.02 + 0.07 meets
     o.observe_queue((QueuedPrompt(0.02, 0),))
-    assert o.defer_prefill(0.09, 0.07)
+    assert o.defer(0.09, 0.07)
     # overload: every waiting prompt has missed already; deferring saves none, the arm keeps its throughput
     o.observe_queue((QueuedPrompt(0.15, 0), QueuedPrompt(0.12, 1)))
-    assert not o.defer_prefill(0.12, 0.09)
+    assert not o.defer(0.12, 0.09)
     # a prompt two steps ahead: 0.01 + 3 x 0.04 misses, 0.01 + 3 x 0.025 meets
     o.observe_queue((QueuedPrompt(0.15, 0), QueuedPrompt(0.01, 2)))
-    assert o.defer_prefill(0.04, 0.025)
+    assert o.defer(0.04, 0.025)
     o.observe_queue(())
-    assert not o.defer_prefill(0.12, 0.09)  # nothing waits: nothing to save
+    assert not o.defer(0.12, 0.09)  # nothing waits: nothing to save
+
+
+def test_a_resume_is_deferred_where_its_catch_up_loses_a_first_token():
+    """A step that resumes the draft pays C_switch once, ahead of every waiting prompt."""
+    o = SloObjective()
+    o.configure(ttft_s=0.10, tpot_s=None, attainment=1.0)
+    assert o.decode_step_s() is None  # no decode step seen yet
+    o.observe_step(0.01)
+    assert o.decode_step_s() == pytest.approx((0.01, 0.01))
+    # waited 0.05 s, one prompt step ahead: 0.05 + 2 x 0.01 meets; with a 0.04 s catch-up it misses
+    o.observe_queue((QueuedPrompt(0.05, 1),))
+    assert o.defer(0.01, 0.01, resume_s=0.04, prompted=False)
+    assert not o.defer(0.01, 0.01, resume_s=0.02, prompted=False)  # 0.09: meets with the catch-up too
+    assert not o.defer(0.01, 0.01, prompted=False)  # no resume: nothing to save
+    o.observe_queue(())
+    assert not o.defer(0.01, 0.01, resume_s=1.0, prompted=False)  # nothing waits
+    untold = SloObjective()
+    untold.configure(ttft_s=0.10, tpot_s=None, attainment=1.0)
+    untold.observe_step(0.01)
+    assert not untold.defer(0.01, 0.01, resume_s=1.0, prompted=False)  # no queue told: no prompt to price
 
 
 def test_wait_is_the_attainment_quantile_of_the_last_step():

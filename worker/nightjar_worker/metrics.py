@@ -101,8 +101,8 @@ planner_prior_conflicts_total = Counter(
 )
 planner_ttft_deferrals_total = Counter(
     "nightjar_planner_ttft_deferrals_total",
-    "Prompt steps the planner played at gamma 0 (draft off) so that waiting prompts' first tokens meet the "
-    "TTFT target (the SLO objective; 0 without a TTFT target)",
+    "Steps the planner played at gamma 0 (draft off: a prompt step, or one that would resume the draft) so "
+    "that waiting prompts' first tokens meet the TTFT target (the SLO objective; 0 without a TTFT target)",
 )
 batch_size = Histogram("nightjar_batch_size", "Requests in the decoding batch per step", buckets=BATCH_BUCKETS)
 planner_decision_seconds = Histogram(

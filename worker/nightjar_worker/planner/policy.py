@@ -150,7 +150,7 @@ class PlannerStats:
     switch_cost_s_ema: float = 0.0
     priors_dropped: int = 0  # prior entries dropped for contradicting the arm's own evidence
     prior_rescales: int = 0  # buckets' priors rescaled to the level of this worker's evidence
-    ttft_deferrals: int = 0  # prompt steps played at gamma 0 for the TTFT target (SLO objective)
+    ttft_deferrals: int = 0  # steps played at gamma 0 for the TTFT target (prompt steps, resumes: SLO objective)
 
 
 @runtime_checkable

@@ -200,8 +200,8 @@ class NightjarPolicy:
         elif drafting[a] and on_now and prompt_tokens > 0 and self._step_price and not sc.exploring:
             a = self._tie_at_prompt_step(c, a, prompt_tokens)
         self._resume = False
-        if prompt_tokens > 0 and drafting[a] and self.objective.ttft_s is not None:
-            a = self._defer_prefill(c, a, batch_size, prompt_tokens)
+        if drafting[a] and self.objective.ttft_s is not None and (prompt_tokens > 0 or not on_now):
+            a = self._defer_for_ttft(c, a, batch_size, prompt_tokens, on_now)
         g = self._arms[a]
         st = self.stats
         st.decisions += 1
@@ -349,14 +349,20 @@ class NightjarPolicy:
             return i0
         return a
 
-    def _defer_prefill(self, c: int, a: int, batch_size: int, prompt_tokens: int) -> int:
-        """The TTFT target: play this prompt step at gamma 0 when its first tokens would miss the
-        target with the draft's prefill and meet it without (``SloObjective.defer_prefill``); the
-        bin's arm resumes at the next step, unguarded."""
+    def _defer_for_ttft(self, c: int, a: int, batch_size: int, prompt_tokens: int, on_now: bool) -> int:
+        """The TTFT target: play this step at gamma 0 when that saves a first token
+        (``SloObjective.defer``): a prompt step, whose draft prefill the first tokens wait for, and
+        a step that would resume the draft, whose catch-up (C_switch) every waiting prompt waits
+        for. The bin's arm resumes at the next step, unguarded."""
         i0 = self.armset.of("draft", 0)
-        plain = self.estimator.plain_step_time(c, batch_size, prompt_tokens)
-        steps = self.objective.prompt_step_s(prompt_tokens, self.prefill.slopes(), plain)
-        if i0 is None or steps is None or not self.objective.defer_prefill(*steps):
+        ob = self.objective
+        if prompt_tokens > 0:
+            plain = self.estimator.plain_step_time(c, batch_size, prompt_tokens)
+            steps = ob.prompt_step_s(prompt_tokens, self.prefill.slopes(), plain)
+        else:
+            steps = ob.decode_step_s()
+        resume_s = 0.0 if on_now else self.switch.now(c)
+        if i0 is None or steps is None or not ob.defer(*steps, resume_s=resume_s, prompted=prompt_tokens > 0):
             return a
         self.stats.ttft_deferrals += 1
         self._resume = True

@@ -1,5 +1,5 @@
 """The SLO objective: with a TTFT target, goodput (tokens of requests meeting both targets) decides
-the steps that admit prompts.
+the steps that admit prompts and the steps that would resume the draft.
 
 Without targets the planner minimises time per generated token. With them, what counts is how many
 requests meet both. The TPOT needs nothing more: in a bucket a request's time per token is the
@@ -30,6 +30,13 @@ see is the prompts that have not arrived yet: near saturation a shorter prompt s
 the queue they will join, which the rule above captured by accident on the roofline's spec-bench
 high and dynamic shapes (1.10 and 1.08; 1.00 and 0.96 here).
 
+A step that resumes the draft pays its catch-up (C_switch: the draft prefilling what it missed while
+off, whole prompts included) once, and every waiting prompt's first token waits for it. With the
+queue told, such a step is priced the same way, its catch-up added to the draft-on side: played at
+gamma 0 when that saves a first token, prompt step or not (the draft then resumes once the queue can
+afford it). On the roofline's bursts this took 0.91 to 0.93 of the best static arm's goodput with
+long prompts and 0.95 to 0.98 on spec-bench (8 traces a cell).
+
 Without a queue the wait before the step is taken as ``attainment`` x the last step's length (the
 quantile of an arrival uniform inside it that the target is for).
 """
@@ -40,7 +47,7 @@ from nightjar_worker.planner.policy import QueuedPrompt
 
 
 class SloObjective:
-    """Owns the targets and the last step's length; ``defer_prefill`` is its per-step verdict."""
+    """Owns the targets and the last step's length; ``defer`` is its per-step verdict."""
 
     def __init__(self) -> None:
         self.ttft_s: float | None = None
@@ -81,23 +88,32 @@ class SloObjective:
             return None if plain_s is None else (plain_s + (on - off) * prompt_tokens, plain_s)
         return d + on * prompt_tokens, plain_s if plain_s is not None else d + off * prompt_tokens
 
+    def decode_step_s(self) -> tuple[float, float] | None:
+        """Predicted lengths of a step without prompts, with the draft on and off: the running
+        arm's last decode step for both (the catch-up of a resume is priced apart). None before a
+        decode step has been seen."""
+        d = self.last_decode_s
+        return (d, d) if d > 0.0 else None
+
     def first_token_s(self, step_s: float) -> float:
         """Predicted TTFT of a prompt prefilled in a step of ``step_s`` (its wait included)."""
         return self.attainment * self.last_step_s + step_s
 
-    def defer_prefill(self, step_on_s: float, step_off_s: float) -> bool:
-        """Play this prompt step at gamma 0 (``step_on_s`` / ``step_off_s``: its predicted length with
-        the draft on / off): with the queue told, when that saves a first token (some waiting
-        prompt meets the target with its prompt steps off and misses it with them on); without,
-        when its first tokens miss the target with the draft on and meet it off, or miss it either
-        way while a queue drains (the last step admitted prompts too)."""
+    def defer(self, step_on_s: float, step_off_s: float, *, resume_s: float = 0.0, prompted: bool = True) -> bool:
+        """Play this step at gamma 0 (``step_on_s`` / ``step_off_s``: its predicted length with the
+        draft on / off; ``resume_s``: the catch-up it pays once when it resumes the draft;
+        ``prompted``: it prefills prompts): with the queue told, when that saves a first token
+        (some waiting prompt meets the target with the draft off until its prompt step and misses
+        it with the draft on); without, for a prompt step only, when its first tokens miss the
+        target with the draft on and meet it off, or miss it either way while a queue drains (the
+        last step admitted prompts too)."""
         t = self.ttft_s
         if t is None:
             return False
         if self.queue is not None:
-            defer = any(q.wait_s + (q.steps_ahead + 1) * step_on_s > t >= q.wait_s + (q.steps_ahead + 1) * step_off_s
-                        for q in self.queue)
-        else:
-            on, off = self.first_token_s(step_on_s), self.first_token_s(step_off_s)
-            defer = on > t >= off or (off > t and self.last_prompted)
-        return defer
+            return any(q.wait_s + (q.steps_ahead + 1) * step_on_s + resume_s > t >= q.wait_s + (q.steps_ahead + 1) * step_off_s
+                       for q in self.queue)
+        if not prompted:
+            return False
+        on, off = self.first_token_s(step_on_s) + resume_s, self.first_token_s(step_off_s)
+        return on > t >= off or (off > t and self.last_prompted)
