@@ -27,7 +27,7 @@ CASES = {  # name -> PlannerConfig fields, toggling the draft's availability eve
 PINNED = {
     "default": "eb5f79920660527c",
     "paper": "ff8b78ca706caefd",
-    "ngram-offload": "bd1bb4a3d499d76c",  # the simulator draws n-gram steps from its source table
+    "ngram-offload": "a8a03f170e41dc37",  # a resume amortised over the stay where speculation gains too (flips.py)
     "slo": "eb5f79920660527c",  # = default: a TPOT target alone changes no decision (planner/nightjar/objective.py)
     "priors": "83a9dc5c149fb1ca",
 }

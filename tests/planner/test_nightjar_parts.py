@@ -105,6 +105,17 @@ def test_excursions_measure_how_long_the_batch_stays_above_and_below_a_bucket():
     assert ex.below(1) == pytest.approx(10, rel=0.1)  # runs at or below bucket 1
 
 
+def test_a_stay_not_yet_ended_counts_for_as_long_as_it_has_lasted():
+    ex = Excursions(3, initial=32.0)
+    for _ in range(200):
+        ex.step(1)
+    assert ex.below(1) == 32.0  # no run at or below bucket 1 has ended
+    assert ex.staying_below(1) == pytest.approx(199, abs=1)
+    assert ex.staying_below(0) == 32.0  # the context is not at or below bucket 0
+    ex.step(2)
+    assert ex.staying_below(1) == pytest.approx(32 + 0.1 * (200 - 32))  # ended: its mean
+
+
 # -- schedule ----------------------------------------------------------------------------------------
 def test_blocks_double_and_bins_are_about_the_square_root_of_their_block():
     s = Schedule()
@@ -240,6 +251,27 @@ def test_a_flip_costs_nothing_unless_it_flips_and_a_resume_is_amortised_over_the
     # 3.2 s over 32 steps of 8 tokens, in bucket units (normalised at the bucket's mean batch = lo)
     assert flips.penalty(2, 2, on_now=False) == pytest.approx(3.2 / (32 * 8))
     assert flips.penalty(2, 2, on_now=False, horizon=4) == pytest.approx(3.2 / (4 * 8))
+
+
+def test_a_resume_amortises_over_the_stay_where_speculation_gains_when_that_is_longer():
+    est = _estimator(share=False)
+    sw = SwitchCost(buckets=3, override=3.2)
+    ex = Excursions(3, 32.0)
+    flips = FlipPricer(est, sw, Dwell(32.0), ex, amortise_steps=32)
+    _observe(est.buckets[1], 2, 0.01, tokens=8, steps=20)
+    for _ in range(500):  # a steady load in bucket 1
+        ex.step(1)
+    flips.on_gain[:] = [None, 0.002, -0.001]  # speculation gains in bucket 1, loses in 2
+    assert flips.on_run(1) == pytest.approx(499, abs=1)  # the stay at or below bucket 1 so far
+    assert flips.penalty(1, 2, on_now=False) == pytest.approx(3.2 / (499 * 8), rel=0.01)
+    for _ in range(3):  # the batch rises to bucket 2 and back, 3 times, 5 steps a time
+        for c in [2] * 5 + [1] * 5:
+            ex.step(c)
+    # ended stays: their moving mean (the long one's weight decaying), not the current 5 steps
+    assert flips.on_run(1) == ex.below(1) == pytest.approx(64.8, abs=0.1)
+    assert flips.penalty(1, 2, on_now=False) == pytest.approx(3.2 / (int(ex.below(1)) * 8))
+    flips.on_gain[2] = 0.001  # gains in bucket 2 too: the context has stayed at or below it all along
+    assert flips.on_run(1) == pytest.approx(529, abs=1)
 
 
 # -- explore --------------------------------------------------------------------------------------------

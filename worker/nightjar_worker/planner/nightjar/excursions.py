@@ -1,7 +1,8 @@
 """The context's own excursions per bucket: how long the batch stays at or above / at or below it.
 
 The draft, once off, stays off until the context falls to a bucket where resuming pays: a
-turn-off's run is an excursion above that bucket, and a resume there amortises over the stay below.
+turn-off's run is an excursion above that bucket, and a resume there amortises over the stay below
+the buckets where speculation gains.
 The policy's own on/off runs only say what its current choices produce (short off-runs under a
 mostly-on policy), so turn-offs are priced on these instead.
 """
@@ -28,6 +29,13 @@ class Excursions:
     def below(self, c: int) -> float:
         """Mean length of the context's runs at or below bucket c."""
         return self.exc[1][c]
+
+    def staying_below(self, c: int) -> float:
+        """How long the context stays at or below bucket c: the mean of its past runs there, or the
+        current run's length so far when it is in one and that is longer (a run not yet ended is
+        in no mean: a load that has held the batch there all along would otherwise look brief)."""
+        now = self.steps - self.start[1][c] if 0 <= self.ctx <= c else 0
+        return max(self.exc[1][c], float(min(now, MAX_DWELL)))
 
     def step(self, c: int) -> None:
         """One observed step in bucket c."""
