@@ -9,8 +9,8 @@ produced: short off-runs under a mostly-on policy priced a profitable turn-off o
 on-runs (explorations, a wave's edges) priced a resume out for good once the draft had missed the
 whole running context (long prompts at steady high load on the roofline: a catch-up of ~270 ms
 against 23-step on-runs kept the draft off for 60 % of the steps, goodput 0.43-0.53 of the best
-static arm's on some traces). An exploration
-visit amortises over the visit (paying a large C_switch for a two-step look is a loss).
+static arm's on some traces). An exploration visit amortises over the visit (paying a large
+C_switch for a two-step look is a loss).
 """
 
 from __future__ import annotations
