@@ -146,6 +146,19 @@ def test_the_catch_up_line_is_fitted_over_resumes_and_predicts_with_the_bucket_f
     assert sw.predict(1000, 1) == 0.05
 
 
+def test_before_the_line_a_catch_up_is_priced_at_the_drafts_prefill_rate():
+    rate: list[float | None] = [None]
+    sw = SwitchCost(buckets=1, prefill_rate=lambda: rate[0])
+    _resume(sw, 0, 0.24)  # one small resume (the first prompt's): without a rate it prices them all
+    assert sw.predict(8780, 0) == pytest.approx(0.24)
+    rate[0] = 0.005  # the draft prefills 200 tokens a second
+    assert sw.predict(8780, 0) == pytest.approx(0.24 + 0.005 * 8780)
+    for missed in (100, 300, 200):  # four resumes in all: their own line wins
+        _resume(sw, missed, 0.2 + 0.01 * missed)
+    line = sw.catchup_line()
+    assert line is not None and sw.predict(1000, 0) == pytest.approx(line[0] + line[1] * 1000)
+
+
 def test_the_papers_switch_cost_is_the_mean_observed():
     sw = PaperSwitchCost(buckets=1)
     assert sw.predict(500, 0) == 0.0

@@ -70,7 +70,8 @@ class NightjarPolicy:
         rng = random.Random(config.seed)
         self.rng = rng
         self.schedules = [Schedule() for _ in self._edges]
-        self.switch = self.scheme.switch_cost(nb)
+        # each prices the draft's prefill from the other's evidence until it has its own
+        self.switch = self.scheme.switch_cost(nb, prefill_rate=lambda: self.prefill.exported_draft_slope())
         self.prefill = PrefillCost(amortise=True, catchup_rate=self.switch.catchup_rate)
         self.estimator = Estimator(self._edges, self.armset, self.prefill)
         self.pipeline = Pipeline(detect=self.scheme.detect_fill)

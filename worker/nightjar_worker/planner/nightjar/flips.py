@@ -96,7 +96,9 @@ class FlipPricer:
         """Expected steps the draft stays off if it turns off in bucket c: until the context falls
         to a bucket where resuming pays (its best drafting arm beats gamma 0 by more than a resume
         amortised over the context's stay at or below it), i.e. the context's excursion above the
-        highest such bucket below c; no such bucket: off for good."""
+        highest such bucket below c; no such bucket: off for good. That resume lies ahead, so its
+        stay is the mean of ended stays (``below``), not ``staying_below``'s current one, which
+        ``on_run`` counts for a resume now."""
         sw, i0 = self.switch, self.i0
         if i0 is None:  # no gamma-0 arm: no gain is ever known
             return float(MAX_DWELL)
