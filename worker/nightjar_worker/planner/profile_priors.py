@@ -8,6 +8,7 @@ push it like any other priors (runtime config ``priors``). Pure: no torch, no vl
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from nightjar_contract.planner import PlannerConfig, PlannerPriors, PriorEntry
@@ -19,10 +20,14 @@ if TYPE_CHECKING:
 
 def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: float | None = None,
                         sources: SourceTable | None = None) -> PlannerPriors:
-    """Per bucket lower edge and arm, the profile's expected seconds per generated token at that edge
-    (decode steps without prefill, the geometric acceptance of the profile's ``all`` rate): the units
-    of ``NightjarPolicy.snapshot``, batch-normalised to the lower edge. Each entry is worth ``count``
-    observations (default ``config.prior_max_count``, the most a prior may count for).
+    """Per bucket lower edge and arm, the profile's expected seconds per generated token at the
+    bucket's geometric middle batch (decode steps without prefill, the geometric acceptance of the
+    profile's ``all`` rate), batch-normalised to the lower edge: the units of
+    ``NightjarPolicy.snapshot``. Not at the edge itself: the worker normalises a step at batch b by
+    b / edge, which matches an edge prior only where the step time is flat in the batch; in a
+    compute-bound bucket a worker measured gamma 0 well above its edge prior, dropped that prior
+    alone and played the arms whose priors still stood (docs/planner.md). Each entry is worth
+    ``count`` observations (default ``config.prior_max_count``, the most a prior may count for).
 
     The draft's prefill cost per prompt token travels with them (``draft_prefill_s_per_token``).
 
@@ -34,9 +39,17 @@ def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: floa
     entry: the profile extrapolates there, and a guess would only delay the planner's own evidence."""
     n = config.prior_max_count if count is None else count
     top_b, top_g = profile.batch_sizes[-1], profile.gammas[-1]
+    edges = config.edges()
+
+    def at(k: int) -> int:
+        """Bucket k's geometric middle batch (within the profiled batch sizes)."""
+        lo = edges[k]
+        hi = (edges[k + 1] if k + 1 < len(edges) else config.max_batch + 1) - 1
+        return min(max(lo, round(math.sqrt(lo * max(hi, lo)))), top_b)
+
     entries = [
-        PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=profile.expected_loss(lo, g), count=n)
-        for lo in config.edges() if lo <= top_b
+        PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=profile.expected_loss(at(k), g) * at(k) / lo, count=n)
+        for k, lo in enumerate(edges) if lo <= top_b
         for g in config.resolved_arms() if g <= top_g
     ]
     if sources is not None:
@@ -50,8 +63,8 @@ def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: floa
                 continue
             entries += [
                 PriorEntry(bucket_lo=lo, gamma=g, source=name, count=n,
-                           mean_loss_s=src.step_time(profile, lo, g) / (lo * expected_tokens(g, src.acceptance(profile, a))))
-                for lo in config.edges() if lo <= top_b
+                           mean_loss_s=src.step_time(profile, at(k), g) / (lo * expected_tokens(g, src.acceptance(profile, a))))
+                for k, lo in enumerate(edges) if lo <= top_b
                 for g in host[name] if g <= top_g
             ]
     dps = profile.draft_prefill_rate() or None
