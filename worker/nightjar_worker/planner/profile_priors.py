@@ -40,16 +40,12 @@ def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: floa
     n = config.prior_max_count if count is None else count
     top_b, top_g = profile.batch_sizes[-1], profile.gammas[-1]
     edges = config.edges()
-
-    def at(k: int) -> int:
-        """Bucket k's geometric middle batch (within the profiled batch sizes)."""
-        lo = edges[k]
-        hi = (edges[k + 1] if k + 1 < len(edges) else config.max_batch + 1) - 1
-        return min(max(lo, round(math.sqrt(lo * max(hi, lo)))), top_b)
-
+    # each bucket's geometric middle batch (within the profiled batch sizes), by lower edge
+    his = [e - 1 for e in edges[1:]] + [config.max_batch]
+    mid = {lo: min(max(lo, round(math.sqrt(lo * max(hi, lo)))), top_b) for lo, hi in zip(edges, his, strict=True)}
     entries = [
-        PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=profile.expected_loss(at(k), g) * at(k) / lo, count=n)
-        for k, lo in enumerate(edges) if lo <= top_b
+        PriorEntry(bucket_lo=lo, gamma=g, mean_loss_s=profile.expected_loss(mid[lo], g) * mid[lo] / lo, count=n)
+        for lo in edges if lo <= top_b
         for g in config.resolved_arms() if g <= top_g
     ]
     if sources is not None:
@@ -63,8 +59,8 @@ def priors_from_profile(profile: CostProfile, config: PlannerConfig, count: floa
                 continue
             entries += [
                 PriorEntry(bucket_lo=lo, gamma=g, source=name, count=n,
-                           mean_loss_s=src.step_time(profile, at(k), g) / (lo * expected_tokens(g, src.acceptance(profile, a))))
-                for k, lo in enumerate(edges) if lo <= top_b
+                           mean_loss_s=src.step_time(profile, mid[lo], g) / (lo * expected_tokens(g, src.acceptance(profile, a))))
+                for lo in edges if lo <= top_b
                 for g in host[name] if g <= top_g
             ]
     dps = profile.draft_prefill_rate() or None
